@@ -1,0 +1,178 @@
+//! Command-line interface: `serve`, `sim`, `check-config`.
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::config::{ConfigHandle, spawn_reloader};
+use crate::meter::{Metrics, Recorder};
+use crate::proxy::Proxy;
+use crate::sim::SimConfig;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "goodput",
+    version,
+    about = "Metering proxy for OpenAI-compatible LLM servers: latency, tokens, goodput."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the proxy.
+    Serve(ServeArgs),
+    /// Run the simulated OpenAI-compatible backend (a test double and demo, not a model).
+    Sim(SimArgs),
+    /// Validate a config file and print precise errors.
+    CheckConfig {
+        /// The YAML config file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// YAML config file; hot-reloaded on change and on SIGHUP.
+    #[arg(long, short)]
+    pub config: Option<PathBuf>,
+    /// Proxy listen address (overrides the config's `listen`).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Admin listen address (overrides the config's `admin_listen`).
+    #[arg(long)]
+    pub admin_listen: Option<String>,
+    /// Upstream base URL (replaces the first backend's URL).
+    #[arg(long)]
+    pub upstream: Option<String>,
+    /// Seconds to let in-flight requests finish after SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace_secs: u64,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct SimArgs {
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    pub listen: String,
+    #[arg(long)]
+    pub seed: Option<u64>,
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Median time to first token, ms.
+    #[arg(long)]
+    pub ttft_ms: Option<f64>,
+    /// Median time per output token, ms.
+    #[arg(long)]
+    pub tpot_ms: Option<f64>,
+    /// Log-normal sigma on every delay (0 = fixed).
+    #[arg(long)]
+    pub jitter: Option<f64>,
+    /// Mean output tokens per choice.
+    #[arg(long)]
+    pub output_tokens: Option<u32>,
+    /// Output length spread: uniform in N*(1±spread).
+    #[arg(long)]
+    pub output_tokens_spread: Option<f64>,
+    /// Share of requests answered 500.
+    #[arg(long)]
+    pub error_rate: Option<f64>,
+    /// Share of streams reset mid-way.
+    #[arg(long)]
+    pub reset_rate: Option<f64>,
+}
+
+impl SimArgs {
+    pub fn to_config(&self) -> SimConfig {
+        let mut c = SimConfig::default();
+        macro_rules! set {
+            ($($f:ident),*) => { $( if let Some(v) = self.$f.clone() { c.$f = v; } )* };
+        }
+        set!(
+            seed,
+            model,
+            ttft_ms,
+            tpot_ms,
+            jitter,
+            output_tokens,
+            output_tokens_spread,
+            error_rate,
+            reset_rate
+        );
+        c
+    }
+}
+
+/// Start the proxy and admin listeners; runs until SIGTERM/SIGINT, then drains.
+pub async fn serve(args: ServeArgs) -> Result<(), String> {
+    let metrics = Metrics::new();
+    let handle = ConfigHandle::start(args.config.clone(), args.upstream.clone(), metrics)
+        .await
+        .map_err(|e| format!("invalid config:\n{e}"))?;
+    let cfg = handle.load().config.clone();
+    let listen = args.listen.clone().unwrap_or(cfg.listen.clone());
+    let admin_listen = args.admin_listen.clone().unwrap_or(cfg.admin_listen.clone());
+    let listener = tokio::net::TcpListener::bind(&listen)
+        .await
+        .map_err(|e| format!("cannot listen on {listen}: {e}"))?;
+    let admin = tokio::net::TcpListener::bind(&admin_listen)
+        .await
+        .map_err(|e| format!("cannot listen on {admin_listen}: {e}"))?;
+    let proxy_addr: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
+    let admin_addr: SocketAddr = admin.local_addr().map_err(|e| e.to_string())?;
+
+    let recorder = Recorder::start(handle.clone());
+    let proxy = Proxy::new(handle.clone(), recorder);
+    proxy.spawn_readiness_probe();
+    spawn_reloader(handle.clone());
+    tokio::spawn(crate::admin::serve(admin, proxy.clone()));
+    // One machine-readable line so that scripts and tests learn the bound ports.
+    println!("goodput listening proxy={proxy_addr} admin={admin_addr}");
+    tracing::info!(%proxy_addr, %admin_addr, backends = handle.load().backends.len(), "goodput serving");
+
+    let grace = Duration::from_secs(args.shutdown_grace_secs);
+    crate::proxy::serve(listener, proxy, shutdown_signal(), grace).await;
+    tracing::info!("shut down");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term = match signal(SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+pub async fn sim(args: SimArgs) -> Result<(), String> {
+    let cfg = args.to_config();
+    cfg.validate().map_err(|(f, why)| format!("--{}: {why}", f.replace('_', "-")))?;
+    let (addr, _sim) = crate::sim::spawn(cfg, &args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    println!("goodput-sim listening addr={addr}");
+    tracing::info!(%addr, "simulated backend serving (a test double, not a model)");
+    shutdown_signal().await;
+    Ok(())
+}
+
+pub fn check_config(file: &std::path::Path) -> Result<(), String> {
+    match crate::config::Config::load(file) {
+        Ok(c) => {
+            println!("{}: ok ({} backend(s))", file.display(), c.backends.len());
+            Ok(())
+        }
+        Err(e) => Err(format!("{}: invalid\n{e}", file.display())),
+    }
+}

@@ -1,0 +1,373 @@
+//! Configuration: schema, defaults, validation with precise errors, and hot reload.
+//!
+//! The running config is an `ArcSwap<Config>`: the hot path loads a snapshot per request and
+//! never waits on a reload. An invalid reload is rejected and the old snapshot keeps serving.
+
+pub mod reload;
+
+pub use reload::{ConfigHandle, spawn_reloader};
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::sim::SimConfig;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// Proxy listener (HTTP/1.1 and h2c). Read at start-up only.
+    pub listen: String,
+    /// Admin listener: /metrics, /healthz, /readyz, /admin/*. Read at start-up only.
+    pub admin_listen: String,
+    pub backends: Vec<Backend>,
+    pub timeouts: Timeouts,
+    pub limits: Limits,
+    pub usage: UsageConfig,
+    pub slo: Slo,
+    pub metrics: MetricsConfig,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "0.0.0.0:8080".into(),
+            admin_listen: "127.0.0.1:9464".into(),
+            backends: Vec::new(),
+            timeouts: Timeouts::default(),
+            limits: Limits::default(),
+            usage: UsageConfig::default(),
+            slo: Slo::default(),
+            metrics: MetricsConfig::default(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Backend {
+    /// Label value for metrics; unique.
+    pub name: String,
+    /// Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000. Omit with `sim`.
+    #[serde(default)]
+    pub url: Option<String>,
+    /// Run the simulated backend in-process instead of calling a server (demo and tests).
+    #[serde(default)]
+    pub sim: Option<SimConfig>,
+    /// Model names this backend serves. They become `gen_ai_request_model` label values;
+    /// any other requested name is labelled `other` so that clients cannot grow cardinality.
+    #[serde(default)]
+    pub models: Vec<String>,
+    /// The served model's tokenizer.json, used to count tokens when the server sends no usage.
+    #[serde(default)]
+    pub tokenizer: Option<PathBuf>,
+    /// Extra headers sent upstream (e.g. an API key). Values are redacted in /admin/config.
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Timeouts {
+    /// TCP connect to the upstream.
+    pub connect_ms: u64,
+    /// From sending the request to the upstream's response headers.
+    pub first_byte_ms: u64,
+    /// Longest silence between two body frames of a response.
+    pub idle_ms: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts { connect_ms: 2_000, first_byte_ms: 300_000, idle_ms: 120_000 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Limits {
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits { max_body_bytes: 32 * 1024 * 1024 }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UsageConfig {
+    /// Ask for `stream_options.include_usage` on streams whose client did not, and remove the
+    /// usage-only chunk before the client sees it. The one change the proxy makes to traffic.
+    pub inject_stream_usage: bool,
+}
+
+impl Default for UsageConfig {
+    fn default() -> Self {
+        UsageConfig { inject_stream_usage: true }
+    }
+}
+
+/// Latency SLOs that judge each request; absent ones are not checked.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Slo {
+    pub ttft_ms: Option<f64>,
+    pub tpot_ms: Option<f64>,
+    pub e2e_ms: Option<f64>,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsConfig {
+    /// Length of the sliding windows per backend.
+    pub window_secs: u64,
+    /// How many finished-request records /admin/records keeps (no text, only numbers).
+    pub recent_records: usize,
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig { window_secs: 60, recent_records: 1000 }
+    }
+}
+
+/// One precise problem: where in the file, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub path: String,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.path.is_empty() || self.path == "." {
+            write!(f, "{}", self.message)
+        } else {
+            write!(f, "{}: {}", self.path, self.message)
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+impl Config {
+    pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
+        let cfg = Config::parse(text)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parse without the semantic checks of `validate`.
+    pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
+        let de = serde_yaml_ng::Deserializer::from_str(text);
+        serde_path_to_error::deserialize(de).map_err(|e| {
+            let path = e.path().to_string();
+            let inner = e.into_inner();
+            let mut message = inner.to_string();
+            if let Some(loc) = inner.location() {
+                message = format!("{message} (line {}, column {})", loc.line(), loc.column());
+            }
+            ConfigErrors(vec![ConfigError { path, message }])
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: String::new(),
+                message: format!("cannot read {}: {e}", path.display()),
+            }])
+        })?;
+        Config::from_yaml(&text)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigErrors> {
+        let mut errs = Vec::new();
+        let mut err = |path: String, message: String| errs.push(ConfigError { path, message });
+        for (field, v) in [("listen", &self.listen), ("admin_listen", &self.admin_listen)] {
+            if v.parse::<std::net::SocketAddr>().is_err() {
+                err(field.into(), format!("`{v}` is not an address like 127.0.0.1:8080"));
+            }
+        }
+        if self.backends.is_empty() {
+            err("backends".into(), "at least one backend is required".into());
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, b) in self.backends.iter().enumerate() {
+            let p = format!("backends[{i}]");
+            if b.name.is_empty() || !b.name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+                err(format!("{p}.name"), format!("`{}` must be non-empty [A-Za-z0-9._-]", b.name));
+            }
+            if !names.insert(b.name.as_str()) {
+                err(format!("{p}.name"), format!("duplicate backend name `{}`", b.name));
+            }
+            match (&b.url, &b.sim) {
+                (None, None) => err(p.clone(), "set `url` or `sim`".into()),
+                (Some(_), Some(_)) => err(p.clone(), "set only one of `url` and `sim`".into()),
+                (Some(u), None) => {
+                    if let Err(why) = check_upstream_url(u) {
+                        err(format!("{p}.url"), why);
+                    }
+                }
+                (None, Some(s)) => {
+                    if let Err((field, why)) = s.validate() {
+                        err(format!("{p}.sim.{field}"), why);
+                    }
+                }
+            }
+            if let Some(t) = &b.tokenizer
+                && !t.is_file()
+            {
+                err(format!("{p}.tokenizer"), format!("no such file: {}", t.display()));
+            }
+            for (k, v) in &b.headers {
+                if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
+                    err(format!("{p}.headers.{k}"), "not a valid header name".into());
+                }
+                if http::HeaderValue::from_str(v).is_err() {
+                    err(format!("{p}.headers.{k}"), "not a valid header value".into());
+                }
+            }
+        }
+        let t = &self.timeouts;
+        for (field, v) in
+            [("connect_ms", t.connect_ms), ("first_byte_ms", t.first_byte_ms), ("idle_ms", t.idle_ms)]
+        {
+            if v == 0 {
+                err(format!("timeouts.{field}"), "must be > 0".into());
+            }
+        }
+        if self.limits.max_body_bytes == 0 {
+            err("limits.max_body_bytes".into(), "must be > 0".into());
+        }
+        for (field, v) in
+            [("ttft_ms", self.slo.ttft_ms), ("tpot_ms", self.slo.tpot_ms), ("e2e_ms", self.slo.e2e_ms)]
+        {
+            if let Some(v) = v
+                && !(v.is_finite() && v > 0.0)
+            {
+                err(format!("slo.{field}"), format!("must be a positive number of milliseconds, got {v}"));
+            }
+        }
+        if !(1..=3600).contains(&self.metrics.window_secs) {
+            err("metrics.window_secs".into(), "must be between 1 and 3600".into());
+        }
+        if errs.is_empty() { Ok(()) } else { Err(ConfigErrors(errs)) }
+    }
+
+    /// The config as /admin/config shows it: header values (API keys) redacted.
+    pub fn redacted(&self) -> Config {
+        let mut c = self.clone();
+        for b in &mut c.backends {
+            for v in b.headers.values_mut() {
+                *v = "<redacted>".into();
+            }
+            if let Some(u) = &mut b.url {
+                *u = redact_userinfo(u);
+            }
+        }
+        c
+    }
+}
+
+fn check_upstream_url(u: &str) -> Result<(), String> {
+    let uri: http::Uri = u.parse().map_err(|e| format!("`{u}` is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some(s) => return Err(format!("scheme `{s}` is not supported; use http://")),
+        None => return Err(format!("`{u}` needs a scheme, e.g. http://{u}")),
+    }
+    if uri.host().is_none() {
+        return Err(format!("`{u}` has no host"));
+    }
+    if uri.query().is_some() {
+        return Err("a backend URL cannot carry a query".into());
+    }
+    Ok(())
+}
+
+pub fn redact_userinfo(u: &str) -> String {
+    match (u.find("://"), u.find('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}<redacted>@{}", &u[..s + 3], &u[at + 1..]),
+        _ => u.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIN: &str = "backends:\n  - name: a\n    url: http://127.0.0.1:8000\n";
+
+    #[test]
+    fn minimal_config_gets_defaults() {
+        let c = Config::from_yaml(MIN).unwrap();
+        assert_eq!(c.listen, "0.0.0.0:8080");
+        assert_eq!(c.admin_listen, "127.0.0.1:9464");
+        assert_eq!(c.limits.max_body_bytes, 32 * 1024 * 1024);
+        assert!(c.usage.inject_stream_usage);
+    }
+
+    #[test]
+    fn unknown_field_names_its_path() {
+        let e =
+            Config::from_yaml("backends:\n  - name: a\n    url: http://x:1\n    modle: [m]\n").unwrap_err();
+        assert_eq!(e.0[0].path, "backends[0]");
+        assert!(e.0[0].message.contains("unknown field `modle`"), "{}", e);
+    }
+
+    #[test]
+    fn wrong_type_names_its_path() {
+        let e = Config::from_yaml(&format!("{MIN}timeouts:\n  connect_ms: soon\n")).unwrap_err();
+        assert_eq!(e.0[0].path, "timeouts.connect_ms");
+    }
+
+    #[test]
+    fn semantic_errors_are_all_reported() {
+        let e = Config::from_yaml(
+            "listen: nowhere\nbackends:\n  - name: a\n    url: ftp://x\n  - name: a\n  \nslo:\n  ttft_ms: -1\n",
+        )
+        .unwrap_err();
+        let paths: Vec<_> = e.0.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(
+            paths,
+            vec!["listen", "backends[0].url", "backends[1].name", "backends[1]", "slo.ttft_ms"]
+        );
+    }
+
+    #[test]
+    fn redaction() {
+        let c = Config::from_yaml(
+            "backends:\n  - name: a\n    url: http://user:pw@h:1\n    headers:\n      authorization: Bearer sk-123\n",
+        )
+        .unwrap();
+        let r = serde_json::to_string(&c.redacted()).unwrap();
+        assert!(!r.contains("sk-123") && !r.contains("pw@"), "{r}");
+    }
+
+    #[test]
+    fn shipped_configs_are_valid() {
+        for f in ["config/goodput.yaml", "config/demo.yaml"] {
+            let p = Path::new(env!("CARGO_MANIFEST_DIR")).join(f);
+            Config::load(&p).unwrap_or_else(|e| panic!("{f}: {e}"));
+        }
+    }
+}

@@ -1,0 +1,309 @@
+//! The running configuration: a validated `Config` resolved into what the hot path uses,
+//! swapped atomically on reload (file change in the config's directory, or SIGHUP).
+
+use arc_swap::ArcSwap;
+use http::HeaderMap;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokenizers::Tokenizer;
+
+use super::{Config, ConfigError, ConfigErrors};
+use crate::meter::metrics::Metrics;
+use crate::sim::Sim;
+
+/// A backend as the hot path needs it: parsed once per config load, not per request.
+pub struct ResolvedBackend {
+    pub name: Arc<str>,
+    /// scheme://authority, e.g. http://127.0.0.1:8000
+    pub origin: String,
+    /// Path prefix of the backend URL, without a trailing slash (usually empty).
+    pub base_path: String,
+    models: HashMap<String, Arc<str>>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub headers: HeaderMap,
+    pub sim: Option<Arc<Sim>>,
+}
+
+impl ResolvedBackend {
+    /// Bounded label value for a requested model name.
+    pub fn model_label(&self, requested: Option<&str>) -> Arc<str> {
+        thread_local! {
+            static OTHER: Arc<str> = Arc::from("other");
+            static UNKNOWN: Arc<str> = Arc::from("unknown");
+        }
+        match requested {
+            None => UNKNOWN.with(Arc::clone),
+            Some(m) => match self.models.get(m) {
+                Some(l) => l.clone(),
+                None => OTHER.with(Arc::clone),
+            },
+        }
+    }
+}
+
+pub struct Snapshot {
+    pub config: Config,
+    pub backends: Vec<Arc<ResolvedBackend>>,
+}
+
+impl Snapshot {
+    /// The backend this request goes to. (One upstream today; routing picks among several.)
+    pub fn default_backend(&self) -> &Arc<ResolvedBackend> {
+        &self.backends[0]
+    }
+}
+
+pub struct ConfigHandle {
+    current: ArcSwap<Snapshot>,
+    path: Option<PathBuf>,
+    upstream_override: Option<String>,
+    last_text: std::sync::Mutex<String>,
+    sims: tokio::sync::Mutex<HashMap<String, (SocketAddr, Arc<Sim>)>>,
+    pub metrics: Metrics,
+}
+
+impl ConfigHandle {
+    /// Load, validate and resolve the first config. `upstream` (from --upstream) replaces the
+    /// first backend's URL, at start-up and on every reload.
+    pub async fn start(
+        path: Option<PathBuf>,
+        upstream: Option<String>,
+        metrics: Metrics,
+    ) -> Result<Arc<ConfigHandle>, ConfigErrors> {
+        let (config, text) = read(path.as_ref(), upstream.as_deref())?;
+        let handle = ConfigHandle {
+            current: ArcSwap::from_pointee(Snapshot { config: Config::default(), backends: Vec::new() }),
+            path,
+            upstream_override: upstream,
+            last_text: std::sync::Mutex::new(text),
+            sims: tokio::sync::Mutex::new(HashMap::new()),
+            metrics,
+        };
+        let snap = handle.resolve(config).await?;
+        handle.current.store(Arc::new(snap));
+        Ok(Arc::new(handle))
+    }
+
+    /// The current snapshot: one atomic load, no lock.
+    pub fn load(&self) -> arc_swap::Guard<Arc<Snapshot>> {
+        self.current.load()
+    }
+
+    pub fn load_full(&self) -> Arc<Snapshot> {
+        self.current.load_full()
+    }
+
+    pub fn path(&self) -> Option<&PathBuf> {
+        self.path.as_ref()
+    }
+
+    /// The in-process simulator behind a backend, if it is one.
+    pub async fn sim(&self, backend: &str) -> Option<Arc<Sim>> {
+        self.sims.lock().await.get(backend).map(|(_, s)| s.clone())
+    }
+
+    /// Re-read the file; swap only if it is valid. Returns the result label counted in
+    /// `goodput_config_reloads_total`.
+    pub async fn reload(&self) -> &'static str {
+        let result = match read(self.path.as_ref(), self.upstream_override.as_deref()) {
+            Err(e) => {
+                tracing::error!(errors = %e, "config reload rejected; the previous config keeps serving");
+                "invalid"
+            }
+            Ok((config, text)) => {
+                let unchanged = self.last_text.lock().map(|t| *t == text).unwrap_or(false);
+                if unchanged {
+                    "unchanged"
+                } else {
+                    match self.resolve(config).await {
+                        Ok(snap) => {
+                            self.current.store(Arc::new(snap));
+                            if let Ok(mut t) = self.last_text.lock() {
+                                *t = text;
+                            }
+                            tracing::info!("config reloaded");
+                            "success"
+                        }
+                        Err(e) => {
+                            tracing::error!(errors = %e, "config reload rejected; the previous config keeps serving");
+                            "invalid"
+                        }
+                    }
+                }
+            }
+        };
+        self.metrics.config_reloads.with_label_values(&[result]).inc();
+        result
+    }
+
+    async fn resolve(&self, config: Config) -> Result<Snapshot, ConfigErrors> {
+        let mut backends = Vec::with_capacity(config.backends.len());
+        for (i, b) in config.backends.iter().enumerate() {
+            let err = |field: &str, message: String| {
+                ConfigErrors(vec![ConfigError { path: format!("backends[{i}]{field}"), message }])
+            };
+            let mut sim_handle = None;
+            let url = match (&b.url, &b.sim) {
+                (Some(u), _) => u.clone(),
+                (None, Some(sc)) => {
+                    let mut sims = self.sims.lock().await;
+                    let (addr, sim) = match sims.get(&b.name) {
+                        Some((addr, sim)) => {
+                            if *sim.config() != *sc {
+                                sim.set_config(sc.clone());
+                            }
+                            (*addr, sim.clone())
+                        }
+                        None => {
+                            let (addr, sim) = crate::sim::spawn(sc.clone(), "127.0.0.1:0")
+                                .await
+                                .map_err(|e| err(".sim", format!("cannot start the simulator: {e}")))?;
+                            tracing::info!(backend = %b.name, %addr, "in-process simulated backend started");
+                            sims.insert(b.name.clone(), (addr, sim.clone()));
+                            (addr, sim)
+                        }
+                    };
+                    sim_handle = Some(sim);
+                    format!("http://{addr}")
+                }
+                (None, None) => return Err(err("", "set `url` or `sim`".into())),
+            };
+            let uri: http::Uri = url.parse().map_err(|e| err(".url", format!("{e}")))?;
+            let origin = format!(
+                "{}://{}",
+                uri.scheme_str().unwrap_or("http"),
+                uri.authority().map(|a| a.as_str()).unwrap_or_default()
+            );
+            let base_path = uri.path().trim_end_matches('/').to_string();
+            let tokenizer = match &b.tokenizer {
+                None => None,
+                Some(p) => {
+                    let p = p.clone();
+                    let t = tokio::task::spawn_blocking(move || Tokenizer::from_file(&p))
+                        .await
+                        .map_err(|e| err(".tokenizer", e.to_string()))?
+                        .map_err(|e| err(".tokenizer", format!("cannot load tokenizer: {e}")))?;
+                    Some(Arc::new(t))
+                }
+            };
+            let mut headers = HeaderMap::new();
+            for (k, v) in &b.headers {
+                if let (Ok(k), Ok(v)) =
+                    (http::HeaderName::from_bytes(k.as_bytes()), http::HeaderValue::from_str(v))
+                {
+                    headers.insert(k, v);
+                }
+            }
+            let mut models: HashMap<String, Arc<str>> =
+                b.models.iter().map(|m| (m.clone(), Arc::from(m.as_str()))).collect();
+            if let Some(sc) = &b.sim {
+                models.entry(sc.model.clone()).or_insert_with(|| Arc::from(sc.model.as_str()));
+            }
+            backends.push(Arc::new(ResolvedBackend {
+                name: Arc::from(b.name.as_str()),
+                origin,
+                base_path,
+                models,
+                tokenizer,
+                headers,
+                sim: sim_handle,
+            }));
+        }
+        Ok(Snapshot { config, backends })
+    }
+}
+
+fn read(path: Option<&PathBuf>, upstream: Option<&str>) -> Result<(Config, String), ConfigErrors> {
+    let text = match path {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                path: String::new(),
+                message: format!("cannot read {}: {e}", p.display()),
+            }])
+        })?,
+        None => String::new(),
+    };
+    let mut config: Config = if text.trim().is_empty() {
+        Config::default()
+    } else {
+        // Validated below, after --upstream may have supplied the missing backend.
+        Config::parse(&text)?
+    };
+    if let Some(u) = upstream {
+        match config.backends.first_mut() {
+            Some(b) => {
+                b.url = Some(u.to_string());
+                b.sim = None;
+            }
+            None => config.backends.push(super::Backend {
+                name: "default".into(),
+                url: Some(u.to_string()),
+                sim: None,
+                models: Vec::new(),
+                tokenizer: None,
+                headers: Default::default(),
+            }),
+        }
+    }
+    config.validate()?;
+    Ok((config, text))
+}
+
+/// Reload on any change in the config file's directory (Kubernetes swaps a ConfigMap by
+/// re-pointing the `..data` symlink, so watching the file itself would miss it) and on SIGHUP.
+pub fn spawn_reloader(handle: Arc<ConfigHandle>) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<()>(1);
+    let watcher = handle.path().and_then(|p| {
+        let dir = p
+            .parent()
+            .map(|d| if d.as_os_str().is_empty() { PathBuf::from(".") } else { d.to_path_buf() })?;
+        let tx = tx.clone();
+        let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            if let Ok(ev) = res
+                && !ev.kind.is_access()
+            {
+                let _ = tx.try_send(());
+            }
+        })
+        .map_err(|e| tracing::warn!(error = %e, "cannot watch the config directory; reload with SIGHUP"))
+        .ok()?;
+        use notify::Watcher;
+        w.watch(&dir, notify::RecursiveMode::NonRecursive)
+            .map_err(
+                |e| tracing::warn!(error = %e, dir = %dir.display(), "cannot watch the config directory"),
+            )
+            .ok()?;
+        Some(w)
+    });
+    tokio::spawn(async move {
+        let (_watcher, _tx) = (watcher, tx);
+        #[cfg(unix)]
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+        loop {
+            #[cfg(unix)]
+            let hup_recv = async {
+                match hup.as_mut() {
+                    Some(h) => h.recv().await,
+                    None => std::future::pending().await,
+                }
+            };
+            #[cfg(not(unix))]
+            let hup_recv = std::future::pending::<Option<()>>();
+            tokio::select! {
+                r = rx.recv() => {
+                    if r.is_none() { return; }
+                    // Editors and ConfigMap swaps write in several steps: let them settle.
+                    tokio::time::sleep(Duration::from_millis(150)).await;
+                    while rx.try_recv().is_ok() {}
+                }
+                _ = hup_recv => {}
+            }
+            if handle.path().is_some() {
+                handle.reload().await;
+            }
+        }
+    });
+}

@@ -1,0 +1,87 @@
+//! Judging each request against its SLOs (latency goodput, as DistServe and
+//! `vllm bench serve --goodput` define it).
+
+use crate::config::Slo;
+use crate::meter::record::{Outcome, RequestRecord};
+
+/// Whether `r` met every SLO in `slo`. `None`: not judged (the client cancelled, so the
+/// backend neither met nor missed anything). Errors always miss. A non-streaming response's
+/// first token reaches the client with the whole body, so its TTFT is its e2e latency; TPOT
+/// is only judged where it was measured (streams).
+pub fn judge(r: &RequestRecord, slo: &Slo) -> Option<bool> {
+    if r.outcome == Outcome::Cancelled {
+        return None;
+    }
+    if r.outcome != Outcome::Ok {
+        return Some(false);
+    }
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
+    let ttft = r.ttft.unwrap_or(r.e2e);
+    let ok_ttft = slo.ttft_ms.is_none_or(|t| ms(ttft) <= t);
+    let ok_tpot = match (slo.tpot_ms, r.tpot) {
+        (Some(t), Some(v)) => ms(v) <= t,
+        _ => true,
+    };
+    let ok_e2e = slo.e2e_ms.is_none_or(|t| ms(r.e2e) <= t);
+    Some(ok_ttft && ok_tpot && ok_e2e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meter::record::TokenSource;
+    use crate::openai::Operation;
+    use std::time::Duration;
+
+    fn rec(outcome: Outcome, ttft: Option<u64>, tpot: Option<u64>, e2e: u64) -> RequestRecord {
+        RequestRecord {
+            id: 1,
+            start_unix_ms: 0,
+            backend: "b".into(),
+            route: "r".into(),
+            model: "m".into(),
+            operation: Operation::Chat,
+            stream: ttft.is_some(),
+            n: 1,
+            status: 200,
+            outcome,
+            finish_reason: None,
+            ttft: ttft.map(Duration::from_millis),
+            tpot: tpot.map(Duration::from_millis),
+            itl_mean: None,
+            e2e: Duration::from_millis(e2e),
+            prompt_tokens: None,
+            prompt_source: TokenSource::None,
+            completion_tokens: None,
+            completion_source: TokenSource::None,
+            content_chunks: 0,
+            overhead: Duration::ZERO,
+            slo_met: None,
+            texts: None,
+        }
+    }
+
+    const SLO: Slo = Slo { ttft_ms: Some(100.0), tpot_ms: Some(20.0), e2e_ms: Some(1000.0) };
+
+    #[test]
+    fn every_slo_must_hold() {
+        assert_eq!(judge(&rec(Outcome::Ok, Some(100), Some(20), 1000), &SLO), Some(true));
+        assert_eq!(judge(&rec(Outcome::Ok, Some(101), Some(20), 900), &SLO), Some(false));
+        assert_eq!(judge(&rec(Outcome::Ok, Some(50), Some(21), 900), &SLO), Some(false));
+        assert_eq!(judge(&rec(Outcome::Ok, Some(50), Some(10), 1001), &SLO), Some(false));
+    }
+
+    #[test]
+    fn errors_miss_and_cancellations_are_not_judged() {
+        assert_eq!(judge(&rec(Outcome::UpstreamReset, Some(1), Some(1), 2), &SLO), Some(false));
+        assert_eq!(judge(&rec(Outcome::Timeout, None, None, 2), &SLO), Some(false));
+        assert_eq!(judge(&rec(Outcome::Cancelled, Some(1), None, 2), &SLO), None);
+    }
+
+    #[test]
+    fn non_streaming_ttft_is_e2e() {
+        assert_eq!(judge(&rec(Outcome::Ok, None, None, 150), &SLO), Some(false));
+        assert_eq!(judge(&rec(Outcome::Ok, None, None, 90), &SLO), Some(true));
+        assert_eq!(judge(&rec(Outcome::Ok, None, None, 150), &Slo::default()), Some(true));
+    }
+}

@@ -1,0 +1,12 @@
+//! goodput: a metering sidecar for OpenAI-compatible LLM servers.
+//!
+//! Read `main.rs` for the wiring, then `proxy` for the path of a request.
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod goodput;
+pub mod meter;
+pub mod openai;
+pub mod proxy;
+pub mod sim;

@@ -1,0 +1,219 @@
+//! Prometheus metric definitions. Names follow the OpenTelemetry GenAI semantic conventions
+//! where they define one; everything else is `goodput_*`. The README lists each with its formula.
+
+use prometheus::{
+    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+};
+
+/// OTel's recommended TTFT buckets, extended below for fast backends and above to vLLM's tail.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+    10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// OTel's TPOT buckets, extended the same way; also used for inter-token latency.
+pub const TPOT_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2,
+    0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
+];
+/// OTel's request duration buckets, extended to vLLM's long tail.
+pub const DURATION_BUCKETS: &[f64] = &[
+    0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96,
+    81.92, 163.84, 327.68, 655.36, 1310.72, 2621.44,
+];
+/// OTel's token usage buckets (powers of 4).
+pub const TOKEN_BUCKETS: &[f64] =
+    &[1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0];
+/// The proxy's own overhead: 5 µs to 50 ms.
+pub const OVERHEAD_BUCKETS: &[f64] =
+    &[0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05];
+
+/// Labels of the per-request families, in this order.
+pub const REQ_LABELS: &[&str] = &["gen_ai_request_model", "backend", "route"];
+
+#[derive(Clone)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub ttft: HistogramVec,
+    pub tpot: HistogramVec,
+    pub itl: HistogramVec,
+    pub duration: HistogramVec,
+    pub token_usage: HistogramVec,
+    pub requests: IntCounterVec,
+    pub tokens: IntCounterVec,
+    pub slo_judged: IntCounterVec,
+    pub slo_met: IntCounterVec,
+    pub slo_met_tokens: IntCounterVec,
+    pub slo_judged_tokens: IntCounterVec,
+    pub overhead: Histogram,
+    pub in_flight: IntGaugeVec,
+    pub upstream_errors: IntCounterVec,
+    pub config_reloads: IntCounterVec,
+    pub records_dropped: IntCounter,
+    pub usage_injected: IntCounter,
+    pub usage_stripped: IntCounter,
+    pub body_too_large: IntCounter,
+    pub build_info: IntGaugeVec,
+}
+
+fn hist(reg: &Registry, name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
+    let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)
+        .expect("valid histogram");
+    reg.register(Box::new(h.clone())).expect("unique metric");
+    h
+}
+
+fn counter(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("valid counter");
+    reg.register(Box::new(c.clone())).expect("unique metric");
+    c
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let reg = Registry::new();
+        let l = REQ_LABELS;
+        let with = |extra: &[&'static str]| -> Vec<&'static str> {
+            l.iter().copied().chain(extra.iter().copied()).collect()
+        };
+        let overhead = Histogram::with_opts(
+            HistogramOpts::new(
+                "goodput_proxy_overhead_seconds",
+                "Time spent inside the proxy per request, outside the upstream call: request \
+                 handling before forwarding, response handling after the upstream's headers, and \
+                 the metering of every body frame.",
+            )
+            .buckets(OVERHEAD_BUCKETS.to_vec()),
+        )
+        .expect("valid histogram");
+        reg.register(Box::new(overhead.clone())).expect("unique metric");
+        let single = |name: &str, help: &str| {
+            let c = IntCounter::new(name, help).expect("valid counter");
+            reg.register(Box::new(c.clone())).expect("unique metric");
+            c
+        };
+        let in_flight = IntGaugeVec::new(
+            Opts::new("goodput_in_flight_requests", "Metered requests currently being served."),
+            &["backend"],
+        )
+        .expect("valid gauge");
+        reg.register(Box::new(in_flight.clone())).expect("unique metric");
+        let build_info = IntGaugeVec::new(
+            Opts::new("goodput_build_info", "Always 1; labelled with the version."),
+            &["version"],
+        )
+        .expect("valid gauge");
+        reg.register(Box::new(build_info.clone())).expect("unique metric");
+        build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        Metrics {
+            ttft: hist(
+                &reg,
+                "gen_ai_server_time_to_first_token_seconds",
+                "Streaming requests: from the first byte received from the client to the first chunk carrying generated content.",
+                TTFT_BUCKETS,
+                l,
+            ),
+            tpot: hist(
+                &reg,
+                "gen_ai_server_time_per_output_token_seconds",
+                "(e2e - TTFT) / (completion_tokens per choice - 1), as vllm bench serve defines TPOT.",
+                TPOT_BUCKETS,
+                l,
+            ),
+            itl: hist(
+                &reg,
+                "goodput_inter_token_latency_seconds",
+                "Gaps between content-bearing chunks of a stream, divided by the tokens a chunk carried when the backend reports it.",
+                TPOT_BUCKETS,
+                l,
+            ),
+            duration: hist(
+                &reg,
+                "gen_ai_server_request_duration_seconds",
+                "From the first byte received from the client to the last byte of the response (or its abort).",
+                DURATION_BUCKETS,
+                &with(&["outcome"]),
+            ),
+            token_usage: hist(
+                &reg,
+                "gen_ai_client_token_usage",
+                "Tokens per request, by gen_ai_token_type (input, output).",
+                TOKEN_BUCKETS,
+                &with(&["gen_ai_token_type"]),
+            ),
+            requests: counter(
+                &reg,
+                "goodput_requests_total",
+                "Metered requests by HTTP status sent to the client and outcome (ok, upstream_error, upstream_reset, timeout, cancelled, ...).",
+                &with(&["status", "outcome", "finish_reason"]),
+            ),
+            tokens: counter(
+                &reg,
+                "goodput_tokens_total",
+                "Tokens by type (input, output) and the source of the count (usage, tokenizer, chunks, none).",
+                &with(&["type", "source"]),
+            ),
+            slo_judged: counter(
+                &reg,
+                "goodput_slo_judged_requests_total",
+                "Requests judged against the SLOs (all but client cancellations; errors count as misses).",
+                l,
+            ),
+            slo_met: counter(&reg, "goodput_slo_met_requests_total", "Requests that met every SLO.", l),
+            slo_judged_tokens: counter(
+                &reg,
+                "goodput_slo_judged_output_tokens_total",
+                "Output tokens of requests judged against the SLOs.",
+                l,
+            ),
+            slo_met_tokens: counter(
+                &reg,
+                "goodput_slo_met_output_tokens_total",
+                "Output tokens of requests that met every SLO: rate() of this is latency goodput in tokens/s.",
+                l,
+            ),
+            overhead,
+            in_flight,
+            upstream_errors: counter(
+                &reg,
+                "goodput_upstream_errors_total",
+                "Upstream failures by kind: connect, timeout_connect, timeout_first_byte, timeout_idle, reset, protocol.",
+                &["backend", "kind"],
+            ),
+            config_reloads: counter(
+                &reg,
+                "goodput_config_reloads_total",
+                "Config reloads by result (success, invalid, unchanged).",
+                &["result"],
+            ),
+            records_dropped: single(
+                "goodput_records_dropped_total",
+                "Finished-request records dropped because the recorder fell behind.",
+            ),
+            usage_injected: single(
+                "goodput_usage_injected_total",
+                "Streams for which the proxy asked the upstream for include_usage.",
+            ),
+            usage_stripped: single(
+                "goodput_usage_chunks_removed_total",
+                "Usage-only chunks removed before the client saw them (the client had not asked for usage).",
+            ),
+            body_too_large: single("goodput_request_body_too_large_total", "Requests refused with 413."),
+            build_info,
+            registry: reg,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        if let Err(e) = prometheus::TextEncoder::new().encode_utf8(&self.registry.gather(), &mut out) {
+            tracing::error!(error = %e, "metrics encoding failed");
+        }
+        out
+    }
+}

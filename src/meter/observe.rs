@@ -1,0 +1,386 @@
+//! `ResponseMeter`: reads a response beside the forwarding, timestamps token events and
+//! finds `usage`. It never changes a byte, except to take out the usage-only chunk that the
+//! proxy itself asked for (and only when it asked).
+
+use bytes::{Bytes, BytesMut};
+use prometheus::Histogram;
+use std::time::{Duration, Instant};
+
+use crate::openai::response::{Usage, finish_reason_label, parse_chunk, parse_response};
+use crate::openai::sse::SseReader;
+
+/// Largest non-streaming body the meter reads for usage (the body itself is forwarded whole).
+const MAX_JSON_BODY: usize = 8 * 1024 * 1024;
+/// An incomplete event held back while looking for the usage chunk is released past this size:
+/// a usage chunk is a few hundred bytes.
+const MAX_HELD: usize = 64 * 1024;
+const MAX_CHOICES: usize = 128;
+
+enum Mode {
+    Sse(SseReader),
+    Json(Vec<u8>),
+}
+
+/// What the meter learned; turned into a `RequestRecord` at the end.
+#[derive(Debug, Default, Clone)]
+pub struct Observed {
+    pub first_content: Option<Instant>,
+    pub content_chunks: u64,
+    pub content_choice_chunks: u64,
+    pub itl_sum: Duration,
+    pub itl_count: u64,
+    pub usage: Option<Usage>,
+    pub finish_reason: Option<&'static str>,
+    pub error_event: bool,
+    pub done: bool,
+    pub texts: Option<Vec<String>>,
+    pub usage_chunks_removed: u64,
+}
+
+pub struct ResponseMeter {
+    mode: Mode,
+    strip_usage: bool,
+    single_choice: bool,
+    last_content: Option<Instant>,
+    last_completion_tokens: Option<u64>,
+    itl: Option<Histogram>,
+    held: Vec<u8>,
+    held_start: u64,
+    spans: Vec<(u64, u64)>,
+    pub observed: Observed,
+}
+
+impl ResponseMeter {
+    /// `sse`: the response is text/event-stream. `strip_usage`: the proxy injected
+    /// include_usage, so the usage-only chunk must not reach the client. `collect_text`: keep
+    /// the generated text (tokenizer fallback). `itl`: observed inline per content chunk.
+    pub fn new(sse: bool, strip_usage: bool, n: u32, collect_text: bool, itl: Option<Histogram>) -> Self {
+        ResponseMeter {
+            mode: if sse { Mode::Sse(SseReader::default()) } else { Mode::Json(Vec::new()) },
+            strip_usage: sse && strip_usage,
+            single_choice: n <= 1,
+            last_content: None,
+            last_completion_tokens: None,
+            itl,
+            held: Vec::new(),
+            held_start: 0,
+            spans: Vec::new(),
+            observed: Observed { texts: collect_text.then(Vec::new), ..Default::default() },
+        }
+    }
+
+    /// Whether bytes may be taken out (then the body length is not known in advance).
+    pub fn may_rewrite(&self) -> bool {
+        self.strip_usage
+    }
+
+    /// Observe one body frame that arrived at `now`. Returns the bytes to forward: the same
+    /// `Bytes` (no copy) unless a usage-only chunk is being taken out.
+    pub fn on_data(&mut self, frame: Bytes, now: Instant) -> Option<Bytes> {
+        let reader = match &mut self.mode {
+            Mode::Json(buf) => {
+                if buf.len() + frame.len() <= MAX_JSON_BODY {
+                    buf.extend_from_slice(&frame);
+                } else {
+                    buf.clear();
+                    buf.shrink_to_fit();
+                    self.mode = Mode::Json(Vec::new());
+                }
+                return Some(frame);
+            }
+            Mode::Sse(r) => r,
+        };
+        let strip = self.strip_usage;
+        let obs = &mut self.observed;
+        let spans = &mut self.spans;
+        let last_content = &mut self.last_content;
+        let last_tokens = &mut self.last_completion_tokens;
+        let itl = &self.itl;
+        let single = self.single_choice;
+        reader.feed(&frame, |ev| {
+            if ev.is_done() {
+                obs.done = true;
+                return;
+            }
+            if ev.truncated {
+                return;
+            }
+            let Some(c) = parse_chunk(ev.data) else { return };
+            obs.error_event |= c.error;
+            if let Some(u) = c.usage {
+                // With continuous_usage_stats a chunk may carry several tokens: ITL per token.
+                let tokens_in_chunk = match (u.completion_tokens, *last_tokens) {
+                    (Some(now_t), Some(prev)) if now_t > prev => Some(now_t - prev),
+                    _ => None,
+                };
+                if let Some(t) = u.completion_tokens {
+                    *last_tokens = Some(t);
+                }
+                obs.usage = Some(u);
+                if c.usage_only && strip {
+                    spans.push((ev.start, ev.end));
+                    obs.usage_chunks_removed += 1;
+                }
+                if c.content {
+                    record_content(obs, last_content, itl, single, now, tokens_in_chunk.unwrap_or(1));
+                }
+            } else if c.content {
+                record_content(obs, last_content, itl, single, now, 1);
+            }
+            if c.content {
+                obs.content_choice_chunks += u64::from(c.content_choices);
+            }
+            if obs.finish_reason.is_none()
+                && let Some((_, f)) = c.finish_reasons.first()
+            {
+                obs.finish_reason = Some(finish_reason_label(f));
+            }
+            if let Some(texts) = &mut obs.texts {
+                for (idx, t) in &c.texts {
+                    let i = *idx as usize;
+                    if i < MAX_CHOICES {
+                        if texts.len() <= i {
+                            texts.resize(i + 1, String::new());
+                        }
+                        texts[i].push_str(t);
+                    }
+                }
+            }
+        });
+        if !self.strip_usage {
+            return Some(frame);
+        }
+        self.release(frame, false)
+    }
+
+    /// Decide which bytes may go to the client now: everything up to the last complete event,
+    /// less any usage-only chunk found. An incomplete trailing event waits (a client cannot
+    /// act on half an event anyway) so that a usage chunk split across frames is still found.
+    fn release(&mut self, frame: Bytes, at_end: bool) -> Option<Bytes> {
+        let Mode::Sse(reader) = &self.mode else { return Some(frame) };
+        let pos = reader.position();
+        let mut boundary = if reader.in_event() && !at_end { reader.event_start() } else { pos };
+        let frame_start = pos - frame.len() as u64;
+        if self.held.is_empty() && self.spans.is_empty() && boundary == pos {
+            self.held_start = pos;
+            return Some(frame);
+        }
+        if (self.held.len() + frame.len()) > MAX_HELD {
+            boundary = pos;
+        }
+        // Logical pending bytes: held ++ frame, covering [held_start, pos).
+        debug_assert_eq!(self.held_start + self.held.len() as u64, frame_start);
+        let mut out = BytesMut::with_capacity((boundary - self.held_start) as usize);
+        let mut cursor = self.held_start;
+        let pending = Pending { held: &self.held, held_start: self.held_start, frame: &frame, frame_start };
+        for &(s, e) in &self.spans {
+            // An event whose head was already released (oversized) cannot be taken out.
+            if s < cursor {
+                continue;
+            }
+            if s >= boundary {
+                break;
+            }
+            pending.copy(cursor, s, |b| out.extend_from_slice(b));
+            cursor = e.min(boundary).max(cursor);
+        }
+        pending.copy(cursor, boundary, |b| out.extend_from_slice(b));
+        // Keep [boundary, pos) for later.
+        let mut rest = Vec::with_capacity((pos - boundary) as usize);
+        pending.copy(boundary, pos, |b| rest.extend_from_slice(b));
+        self.spans.retain(|&(_, e)| e > boundary);
+        self.held = rest;
+        self.held_start = boundary;
+        if out.is_empty() { None } else { Some(out.freeze()) }
+    }
+
+    /// The upstream body ended: returns any held bytes to forward, then the final state.
+    pub fn on_end(&mut self) -> Option<Bytes> {
+        match &mut self.mode {
+            Mode::Json(buf) => {
+                if let Some(r) = parse_response(buf) {
+                    self.observed.usage = r.usage;
+                    self.observed.error_event |= r.error;
+                    self.observed.finish_reason =
+                        r.finish_reasons.first().map(|(_, f)| finish_reason_label(f));
+                    self.observed.content_choice_chunks = u64::from(r.content_choices);
+                    if let Some(texts) = &mut self.observed.texts {
+                        for (idx, t) in &r.texts {
+                            let i = *idx as usize;
+                            if i < MAX_CHOICES {
+                                if texts.len() <= i {
+                                    texts.resize(i + 1, String::new());
+                                }
+                                texts[i].push_str(t);
+                            }
+                        }
+                    }
+                }
+                *buf = Vec::new();
+                None
+            }
+            Mode::Sse(reader) => {
+                let strip = self.strip_usage;
+                let spans = &mut self.spans;
+                let obs = &mut self.observed;
+                reader.finish(|ev| {
+                    if let Some(c) = parse_chunk(ev.data)
+                        && c.usage_only
+                    {
+                        obs.usage = c.usage;
+                        if strip {
+                            spans.push((ev.start, ev.end));
+                            obs.usage_chunks_removed += 1;
+                        }
+                    }
+                });
+                if !self.strip_usage || (self.held.is_empty() && self.spans.is_empty()) {
+                    return None;
+                }
+                self.release(Bytes::new(), true)
+            }
+        }
+    }
+}
+
+/// The bytes not yet released: `held` (from `held_start`) followed by the current frame.
+struct Pending<'a> {
+    held: &'a [u8],
+    held_start: u64,
+    frame: &'a [u8],
+    frame_start: u64,
+}
+
+impl Pending<'_> {
+    /// Pass the stream range [from, to) to `sink`, in at most two slices.
+    fn copy(&self, from: u64, to: u64, mut sink: impl FnMut(&[u8])) {
+        if from >= to {
+            return;
+        }
+        if from < self.frame_start {
+            let b = to.min(self.frame_start);
+            sink(&self.held[(from - self.held_start) as usize..(b - self.held_start) as usize]);
+        }
+        if to > self.frame_start {
+            let a = from.max(self.frame_start);
+            sink(&self.frame[(a - self.frame_start) as usize..(to - self.frame_start) as usize]);
+        }
+    }
+}
+
+fn record_content(
+    obs: &mut Observed,
+    last: &mut Option<Instant>,
+    itl: &Option<Histogram>,
+    single_choice: bool,
+    now: Instant,
+    tokens_in_chunk: u64,
+) {
+    obs.content_chunks += 1;
+    if obs.first_content.is_none() {
+        obs.first_content = Some(now);
+    } else if let Some(prev) = *last
+        && single_choice
+    {
+        let gap = now.saturating_duration_since(prev) / tokens_in_chunk.clamp(1, 1 << 20) as u32;
+        obs.itl_sum += gap;
+        obs.itl_count += 1;
+        if let Some(h) = itl {
+            h.observe(gap.as_secs_f64());
+        }
+    }
+    *last = Some(now);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHAT: &str = concat!(
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"}}]}\n\n",
+        "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world\"},\"finish_reason\":\"stop\"}]}\n\n",
+    );
+    const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n";
+    const DONE: &str = "data: [DONE]\n\n";
+
+    fn run(pieces: &[&[u8]], strip: bool) -> (Vec<u8>, Observed) {
+        let mut m = ResponseMeter::new(true, strip, 1, true, None);
+        let mut out = Vec::new();
+        let t = Instant::now();
+        for (i, p) in pieces.iter().enumerate() {
+            if let Some(b) = m.on_data(Bytes::copy_from_slice(p), t + Duration::from_millis(i as u64)) {
+                out.extend_from_slice(&b);
+            }
+        }
+        if let Some(b) = m.on_end() {
+            out.extend_from_slice(&b);
+        }
+        (out, m.observed)
+    }
+
+    #[test]
+    fn passthrough_is_identical_and_metered() {
+        let full = format!("{CHAT}{USAGE}{DONE}");
+        let (out, obs) = run(&[full.as_bytes()], false);
+        assert_eq!(out, full.as_bytes());
+        assert_eq!(obs.content_chunks, 2);
+        assert_eq!(obs.usage.unwrap().completion_tokens, Some(2));
+        assert_eq!(obs.finish_reason, Some("stop"));
+        assert!(obs.done);
+        assert_eq!(obs.texts.unwrap()[0], "Hello world");
+    }
+
+    #[test]
+    fn injected_usage_chunk_is_removed_at_every_split() {
+        let full = format!("{CHAT}{USAGE}{DONE}");
+        let want = format!("{CHAT}{DONE}");
+        let b = full.as_bytes();
+        for i in 0..=b.len() {
+            for j in i..=b.len() {
+                let (out, obs) = run(&[&b[..i], &b[i..j], &b[j..]], true);
+                assert_eq!(String::from_utf8(out).unwrap(), want, "split {i},{j}");
+                assert_eq!(obs.usage.unwrap().prompt_tokens, Some(4));
+                assert_eq!(obs.usage_chunks_removed, 1);
+            }
+        }
+    }
+
+    #[test]
+    fn complete_frames_are_not_copied() {
+        let mut m = ResponseMeter::new(true, true, 1, false, None);
+        let f = Bytes::from(CHAT);
+        let out = m.on_data(f.clone(), Instant::now()).unwrap();
+        assert_eq!(out.as_ptr(), f.as_ptr());
+    }
+
+    #[test]
+    fn unterminated_tail_is_released_at_end() {
+        let s = format!("{CHAT}data: {{\"partial\"");
+        let (out, _) = run(&[s.as_bytes()], true);
+        assert_eq!(out, s.as_bytes());
+    }
+
+    #[test]
+    fn ttft_and_itl() {
+        let (_, obs) = run(&[CHAT.as_bytes()], false);
+        assert_eq!(obs.content_chunks, 2);
+        assert_eq!(obs.itl_count, 0, "same frame: one arrival");
+        let parts: Vec<&str> = CHAT.split_inclusive("\n\n").collect();
+        let (_, obs) = run(&[parts[0].as_bytes(), parts[1].as_bytes(), parts[2].as_bytes()], false);
+        assert_eq!(obs.itl_count, 1);
+        assert_eq!(obs.itl_sum, Duration::from_millis(1));
+    }
+
+    #[test]
+    fn json_body_usage() {
+        let mut m = ResponseMeter::new(false, true, 1, false, None);
+        let body = br#"{"choices":[{"index":0,"message":{"content":"hi"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":9}}"#;
+        let out = m.on_data(Bytes::from_static(&body[..10]), Instant::now()).unwrap();
+        assert_eq!(&out[..], &body[..10]);
+        m.on_data(Bytes::from_static(&body[10..]), Instant::now());
+        assert!(m.on_end().is_none());
+        assert_eq!(m.observed.usage.unwrap().completion_tokens, Some(9));
+        assert_eq!(m.observed.finish_reason, Some("length"));
+    }
+}

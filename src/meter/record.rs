@@ -1,0 +1,172 @@
+//! `RequestRecord`: one finished (or cancelled) metered request, as numbers only.
+
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::openai::Operation;
+
+/// How a metered request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Ok,
+    /// The upstream answered 4xx.
+    ClientError,
+    /// The upstream answered 5xx, or sent an error event inside a stream.
+    UpstreamError,
+    /// The upstream connection broke mid-response.
+    UpstreamReset,
+    /// The upstream could not be reached.
+    ConnectError,
+    Timeout,
+    /// The client went away before the response ended.
+    Cancelled,
+    /// The proxy refused the request (e.g. 413).
+    Rejected,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::ClientError => "client_error",
+            Outcome::UpstreamError => "upstream_error",
+            Outcome::UpstreamReset => "upstream_reset",
+            Outcome::ConnectError => "connect_error",
+            Outcome::Timeout => "timeout",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Rejected => "rejected",
+        }
+    }
+
+    pub fn is_error(self) -> bool {
+        !matches!(self, Outcome::Ok | Outcome::Cancelled)
+    }
+}
+
+/// Where a token count came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenSource {
+    /// The server's `usage` object.
+    Usage,
+    /// Counted with the served model's tokenizer.json.
+    Tokenizer,
+    /// One per content-bearing chunk per choice (a lower bound when chunks carry several).
+    Chunks,
+    /// Not known.
+    #[default]
+    None,
+}
+
+impl TokenSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TokenSource::Usage => "usage",
+            TokenSource::Tokenizer => "tokenizer",
+            TokenSource::Chunks => "chunks",
+            TokenSource::None => "none",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestRecord {
+    pub id: u64,
+    /// Wall-clock start, milliseconds since the Unix epoch.
+    pub start_unix_ms: u64,
+    pub backend: Arc<str>,
+    pub route: Arc<str>,
+    /// Bounded label value: a configured model name, `other` or `unknown`.
+    pub model: Arc<str>,
+    #[serde(serialize_with = "ser_op")]
+    pub operation: Operation,
+    pub stream: bool,
+    pub n: u32,
+    pub status: u16,
+    pub outcome: Outcome,
+    pub finish_reason: Option<&'static str>,
+    /// Streams only: first byte from the client to the first content-bearing chunk.
+    #[serde(serialize_with = "ser_secs")]
+    pub ttft: Option<Duration>,
+    #[serde(serialize_with = "ser_secs")]
+    pub tpot: Option<Duration>,
+    /// Mean gap between content-bearing chunks (streams only).
+    #[serde(serialize_with = "ser_secs")]
+    pub itl_mean: Option<Duration>,
+    #[serde(serialize_with = "ser_dur")]
+    pub e2e: Duration,
+    pub prompt_tokens: Option<u64>,
+    pub prompt_source: TokenSource,
+    pub completion_tokens: Option<u64>,
+    pub completion_source: TokenSource,
+    pub content_chunks: u64,
+    /// Time spent in the proxy outside the upstream call.
+    #[serde(serialize_with = "ser_dur")]
+    pub overhead: Duration,
+    /// Met every SLO; `None` when not judged (client cancellation).
+    pub slo_met: Option<bool>,
+    /// Generated text per choice, kept only until tokens are counted; never serialised.
+    #[serde(skip)]
+    pub texts: Option<Vec<String>>,
+}
+
+fn ser_op<S: serde::Serializer>(op: &Operation, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(op.as_str())
+}
+
+fn ser_secs<S: serde::Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => s.serialize_some(&d.as_secs_f64()),
+        None => s.serialize_none(),
+    }
+}
+
+fn ser_dur<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl RequestRecord {
+    /// A record before anything is known; the proxy fills it in as the request proceeds.
+    pub fn placeholder() -> RequestRecord {
+        RequestRecord {
+            id: 0,
+            start_unix_ms: 0,
+            backend: Arc::from(""),
+            route: Arc::from(""),
+            model: Arc::from(""),
+            operation: Operation::Chat,
+            stream: false,
+            n: 1,
+            status: 0,
+            outcome: Outcome::Ok,
+            finish_reason: None,
+            ttft: None,
+            tpot: None,
+            itl_mean: None,
+            e2e: Duration::ZERO,
+            prompt_tokens: None,
+            prompt_source: TokenSource::None,
+            completion_tokens: None,
+            completion_source: TokenSource::None,
+            content_chunks: 0,
+            overhead: Duration::ZERO,
+            slo_met: None,
+            texts: None,
+        }
+    }
+
+    /// TPOT as `vllm bench serve` defines it: (e2e - TTFT) / (tokens per choice - 1).
+    pub fn compute_tpot(&mut self) {
+        self.tpot = match (self.ttft, self.completion_tokens) {
+            (Some(ttft), Some(tokens)) => {
+                let per_choice = tokens / u64::from(self.n.max(1));
+                (per_choice > 1 && self.e2e > ttft).then(|| {
+                    Duration::from_secs_f64((self.e2e - ttft).as_secs_f64() / (per_choice - 1) as f64)
+                })
+            }
+            _ => None,
+        };
+    }
+}

@@ -1,0 +1,269 @@
+//! Sliding windows per backend: latency quantiles and counts over the last N seconds.
+//!
+//! A window is a ring of one-second slots, each with HDR histograms (2 significant digits,
+//! i.e. 1% relative error) and counters. Only the recorder thread writes; readers get an
+//! immutable `WindowSnapshot` published through `ArcSwap`, so the router never takes a lock.
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use std::time::Duration;
+
+use super::record::RequestRecord;
+
+const MAX_MICROS: u64 = 3_600_000_000;
+
+fn new_hist() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_MICROS, 2).expect("valid bounds")
+}
+
+fn micros(d: Duration) -> u64 {
+    (d.as_micros() as u64).clamp(1, MAX_MICROS)
+}
+
+#[derive(Clone)]
+struct Slot {
+    second: u64,
+    ttft: Histogram<u64>,
+    tpot: Histogram<u64>,
+    e2e: Histogram<u64>,
+    counts: Counts,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
+pub struct Counts {
+    pub requests: u64,
+    pub errors: u64,
+    pub cancelled: u64,
+    pub slo_judged: u64,
+    pub slo_met: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    pub slo_met_output_tokens: u64,
+}
+
+impl Counts {
+    fn add(&mut self, o: &Counts) {
+        self.requests += o.requests;
+        self.errors += o.errors;
+        self.cancelled += o.cancelled;
+        self.slo_judged += o.slo_judged;
+        self.slo_met += o.slo_met;
+        self.input_tokens += o.input_tokens;
+        self.output_tokens += o.output_tokens;
+        self.slo_met_output_tokens += o.slo_met_output_tokens;
+    }
+}
+
+pub struct Window {
+    slots: Vec<Slot>,
+}
+
+/// Quantiles in seconds; `None` when the window saw no sample.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Quantiles {
+    pub count: u64,
+    pub p50: Option<f64>,
+    pub p90: Option<f64>,
+    pub p95: Option<f64>,
+    pub p99: Option<f64>,
+    pub mean: Option<f64>,
+}
+
+impl Quantiles {
+    fn of(h: &Histogram<u64>) -> Quantiles {
+        if h.is_empty() {
+            return Quantiles::default();
+        }
+        let q = |p: f64| Some(h.value_at_quantile(p) as f64 / 1e6);
+        Quantiles {
+            count: h.len(),
+            p50: q(0.5),
+            p90: q(0.9),
+            p95: q(0.95),
+            p99: q(0.99),
+            mean: Some(h.mean() / 1e6),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct WindowSnapshot {
+    pub window_secs: u64,
+    pub ttft: Quantiles,
+    pub tpot: Quantiles,
+    pub e2e: Quantiles,
+    pub counts: Counts,
+    /// Per second over the window.
+    pub request_rate: f64,
+    pub output_tokens_per_sec: f64,
+    pub goodput_requests_per_sec: f64,
+    pub goodput_tokens_per_sec: f64,
+    /// slo_met / slo_judged.
+    pub slo_attainment: Option<f64>,
+    pub error_rate: Option<f64>,
+}
+
+impl Window {
+    pub fn new(window_secs: u64) -> Window {
+        let n = window_secs.clamp(1, 3600) as usize;
+        let slot = Slot {
+            second: u64::MAX,
+            ttft: new_hist(),
+            tpot: new_hist(),
+            e2e: new_hist(),
+            counts: Counts::default(),
+        };
+        Window { slots: vec![slot; n] }
+    }
+
+    pub fn len_secs(&self) -> u64 {
+        self.slots.len() as u64
+    }
+
+    fn slot(&mut self, second: u64) -> &mut Slot {
+        let n = self.slots.len() as u64;
+        let s = &mut self.slots[(second % n) as usize];
+        if s.second != second {
+            s.second = second;
+            s.ttft.reset();
+            s.tpot.reset();
+            s.e2e.reset();
+            s.counts = Counts::default();
+        }
+        s
+    }
+
+    /// Add a finished record at `second` (a monotonic second count).
+    pub fn add(&mut self, second: u64, r: &RequestRecord) {
+        let s = self.slot(second);
+        let c = &mut s.counts;
+        c.requests += 1;
+        c.errors += u64::from(r.outcome.is_error());
+        c.cancelled += u64::from(r.outcome == super::record::Outcome::Cancelled);
+        c.input_tokens += r.prompt_tokens.unwrap_or(0);
+        c.output_tokens += r.completion_tokens.unwrap_or(0);
+        if let Some(met) = r.slo_met {
+            c.slo_judged += 1;
+            if met {
+                c.slo_met += 1;
+                c.slo_met_output_tokens += r.completion_tokens.unwrap_or(0);
+            }
+        }
+        if !r.outcome.is_error() {
+            if let Some(t) = r.ttft {
+                let _ = s.ttft.record(micros(t));
+            }
+            if let Some(t) = r.tpot {
+                let _ = s.tpot.record(micros(t));
+            }
+            if r.outcome == super::record::Outcome::Ok {
+                let _ = s.e2e.record(micros(r.e2e));
+            }
+        }
+    }
+
+    /// Merge the slots of the last `len_secs` seconds ending at `now_second`.
+    pub fn snapshot(&self, now_second: u64) -> WindowSnapshot {
+        let n = self.slots.len() as u64;
+        let (mut ttft, mut tpot, mut e2e) = (new_hist(), new_hist(), new_hist());
+        let mut counts = Counts::default();
+        for s in &self.slots {
+            if s.second == u64::MAX || s.second > now_second || now_second - s.second >= n {
+                continue;
+            }
+            let _ = ttft.add(&s.ttft);
+            let _ = tpot.add(&s.tpot);
+            let _ = e2e.add(&s.e2e);
+            counts.add(&s.counts);
+        }
+        let secs = n as f64;
+        let ratio = |a: u64, b: u64| (b > 0).then(|| a as f64 / b as f64);
+        WindowSnapshot {
+            window_secs: n,
+            ttft: Quantiles::of(&ttft),
+            tpot: Quantiles::of(&tpot),
+            e2e: Quantiles::of(&e2e),
+            request_rate: counts.requests as f64 / secs,
+            output_tokens_per_sec: counts.output_tokens as f64 / secs,
+            goodput_requests_per_sec: counts.slo_met as f64 / secs,
+            goodput_tokens_per_sec: counts.slo_met_output_tokens as f64 / secs,
+            slo_attainment: ratio(counts.slo_met, counts.slo_judged),
+            error_rate: ratio(counts.errors, counts.requests),
+            counts,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::meter::record::{Outcome, TokenSource};
+    use crate::openai::Operation;
+
+    fn rec(ttft_ms: u64, ok: bool, met: bool) -> RequestRecord {
+        RequestRecord {
+            id: 0,
+            start_unix_ms: 0,
+            backend: "b".into(),
+            route: "r".into(),
+            model: "m".into(),
+            operation: Operation::Chat,
+            stream: true,
+            n: 1,
+            status: 200,
+            outcome: if ok { Outcome::Ok } else { Outcome::UpstreamError },
+            finish_reason: None,
+            ttft: Some(Duration::from_millis(ttft_ms)),
+            tpot: None,
+            itl_mean: None,
+            e2e: Duration::from_millis(ttft_ms * 2),
+            prompt_tokens: Some(1),
+            prompt_source: TokenSource::Usage,
+            completion_tokens: Some(10),
+            completion_source: TokenSource::Usage,
+            content_chunks: 10,
+            overhead: Duration::ZERO,
+            slo_met: Some(met),
+            texts: None,
+        }
+    }
+
+    #[test]
+    fn quantiles_over_window() {
+        let mut w = Window::new(10);
+        for i in 1..=100 {
+            w.add(5, &rec(i, true, i <= 90));
+        }
+        let s = w.snapshot(5);
+        assert_eq!(s.ttft.count, 100);
+        let p50 = s.ttft.p50.unwrap();
+        assert!((p50 - 0.050).abs() < 0.001, "{p50}");
+        let p99 = s.ttft.p99.unwrap();
+        assert!((p99 - 0.099).abs() < 0.002, "{p99}");
+        assert_eq!(s.slo_attainment, Some(0.9));
+        assert_eq!(s.counts.output_tokens, 1000);
+        assert_eq!(s.goodput_tokens_per_sec, 90.0);
+    }
+
+    #[test]
+    fn old_slots_expire() {
+        let mut w = Window::new(10);
+        w.add(1, &rec(10, true, true));
+        w.add(12, &rec(20, false, false));
+        let s = w.snapshot(12);
+        assert_eq!(s.counts.requests, 1, "second 1 is outside [3, 12]");
+        assert_eq!(s.error_rate, Some(1.0));
+        assert_eq!(s.ttft.count, 0, "errors do not enter latency quantiles");
+        assert_eq!(w.snapshot(30).counts.requests, 0);
+    }
+
+    #[test]
+    fn slot_reuse_resets() {
+        let mut w = Window::new(2);
+        w.add(0, &rec(10, true, true));
+        w.add(2, &rec(30, true, true));
+        let s = w.snapshot(2);
+        assert_eq!(s.counts.requests, 1);
+        assert!((s.ttft.p50.unwrap() - 0.030).abs() < 0.001);
+    }
+}

@@ -1,0 +1,9 @@
+//! What the proxy understands of the OpenAI API. Pure functions, no I/O.
+
+pub mod request;
+pub mod response;
+pub mod sse;
+
+pub use request::{Operation, RequestInfo, inject_include_usage};
+pub use response::{ChunkInfo, Usage, parse_chunk, parse_response};
+pub use sse::{SseEvent, SseReader};

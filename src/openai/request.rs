@@ -1,0 +1,195 @@
+//! The few request fields the proxy needs to understand, and the one rewrite it may make.
+
+use serde::Deserialize;
+
+/// Which metered OpenAI operation a path is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    Chat,
+    Completion,
+}
+
+impl Operation {
+    /// `gen_ai.operation.name` values of the OpenTelemetry GenAI conventions.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Operation::Chat => "chat",
+            Operation::Completion => "text_completion",
+        }
+    }
+
+    /// Metered paths; anything else is forwarded without metering.
+    pub fn from_path(path: &str) -> Option<Operation> {
+        let p = path.trim_end_matches('/');
+        if p.ends_with("/chat/completions") {
+            Some(Operation::Chat)
+        } else if p.ends_with("/v1/completions") || p == "/completions" {
+            Some(Operation::Completion)
+        } else {
+            None
+        }
+    }
+}
+
+/// What the proxy learned from a request body. Parsing never fails: a body that is not a JSON
+/// object yields `valid_json == false` and is forwarded unchanged.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RequestInfo {
+    pub valid_json: bool,
+    pub model: Option<String>,
+    pub stream: bool,
+    /// `stream_options.include_usage` as the client sent it.
+    pub include_usage: Option<bool>,
+    pub has_stream_options: bool,
+    pub continuous_usage_stats: bool,
+    pub n: u32,
+    pub max_tokens: Option<u64>,
+}
+
+#[derive(Deserialize)]
+struct Fields {
+    #[serde(default)]
+    model: Option<serde_json::Value>,
+    #[serde(default)]
+    stream: Option<serde_json::Value>,
+    #[serde(default)]
+    stream_options: Option<serde_json::Value>,
+    #[serde(default)]
+    n: Option<serde_json::Value>,
+    #[serde(default)]
+    max_tokens: Option<serde_json::Value>,
+    #[serde(default)]
+    max_completion_tokens: Option<serde_json::Value>,
+}
+
+impl RequestInfo {
+    pub fn parse(body: &[u8]) -> RequestInfo {
+        // Lenient on types: a wrong type is the upstream's error to report, not ours.
+        let Ok(f) = serde_json::from_slice::<Fields>(body) else {
+            return RequestInfo { n: 1, ..Default::default() };
+        };
+        let so = f.stream_options.as_ref().and_then(|v| v.as_object());
+        RequestInfo {
+            valid_json: true,
+            model: f.model.as_ref().and_then(|m| m.as_str()).map(str::to_owned),
+            stream: f.stream.as_ref().and_then(|v| v.as_bool()).unwrap_or(false),
+            include_usage: so.and_then(|o| o.get("include_usage")).and_then(|v| v.as_bool()),
+            has_stream_options: f.stream_options.as_ref().is_some_and(|v| !v.is_null()),
+            continuous_usage_stats: so
+                .and_then(|o| o.get("continuous_usage_stats"))
+                .and_then(|v| v.as_bool())
+                .unwrap_or(false),
+            n: f.n.as_ref().and_then(|v| v.as_u64()).map(|n| n.clamp(1, 1024) as u32).unwrap_or(1),
+            max_tokens: f.max_completion_tokens.as_ref().or(f.max_tokens.as_ref()).and_then(|v| v.as_u64()),
+        }
+    }
+
+    /// Whether the proxy should ask the upstream for a usage chunk the client did not request.
+    pub fn wants_injected_usage(&self) -> bool {
+        self.valid_json && self.stream && self.include_usage != Some(true)
+    }
+}
+
+/// Add `stream_options.include_usage: true` to a request body, leaving every other byte as
+/// the client wrote it where possible. Returns `None` if the body cannot be rewritten.
+pub fn inject_include_usage(body: &[u8], info: &RequestInfo) -> Option<Vec<u8>> {
+    if !info.valid_json {
+        return None;
+    }
+    if !info.has_stream_options {
+        // Append the member before the closing brace: no re-serialisation, key order kept.
+        let end = body.iter().rposition(|b| !b.is_ascii_whitespace())?;
+        if body[end] != b'}' {
+            return None;
+        }
+        let inner_empty =
+            body[..end].iter().rposition(|b| !b.is_ascii_whitespace()).is_some_and(|i| body[i] == b'{');
+        let member: &[u8] = if inner_empty {
+            br#""stream_options":{"include_usage":true}"#
+        } else {
+            br#","stream_options":{"include_usage":true}"#
+        };
+        let mut out = Vec::with_capacity(body.len() + member.len());
+        out.extend_from_slice(&body[..end]);
+        out.extend_from_slice(member);
+        out.extend_from_slice(&body[end..]);
+        return Some(out);
+    }
+    // stream_options exists (e.g. continuous_usage_stats, or include_usage:false): merge.
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let obj = v.as_object_mut()?;
+    let so = obj.entry("stream_options").or_insert_with(|| serde_json::Value::Object(Default::default()));
+    if !so.is_object() {
+        *so = serde_json::Value::Object(Default::default());
+    }
+    so.as_object_mut()?.insert("include_usage".into(), serde_json::Value::Bool(true));
+    serde_json::to_vec(&v).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_fields() {
+        let i = RequestInfo::parse(
+            br#"{"model":"m","stream":true,"n":2,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+        );
+        assert!(i.valid_json && i.stream);
+        assert_eq!(i.model.as_deref(), Some("m"));
+        assert_eq!((i.n, i.max_tokens, i.include_usage), (2, Some(5), None));
+        assert!(i.wants_injected_usage());
+    }
+
+    #[test]
+    fn malformed_and_wrong_types_do_not_fail() {
+        let i = RequestInfo::parse(b"{not json");
+        assert!(!i.valid_json);
+        assert_eq!(i.n, 1);
+        assert!(!i.wants_injected_usage());
+        let i = RequestInfo::parse(br#"{"model":5,"stream":"yes","n":-3}"#);
+        assert!(i.valid_json);
+        assert_eq!((i.model, i.stream, i.n), (None, false, 1));
+        assert!(!RequestInfo::parse(b"[1,2]").valid_json);
+        assert!(!RequestInfo::parse(b"").valid_json);
+    }
+
+    #[test]
+    fn client_usage_request_is_respected() {
+        let i = RequestInfo::parse(br#"{"stream":true,"stream_options":{"include_usage":true}}"#);
+        assert_eq!(i.include_usage, Some(true));
+        assert!(!i.wants_injected_usage());
+    }
+
+    #[test]
+    fn injection_appends_member_and_keeps_bytes() {
+        let body = br#"{"model":"m", "stream":true}  "#;
+        let info = RequestInfo::parse(body);
+        let out = inject_include_usage(body, &info).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"model":"m", "stream":true,"stream_options":{"include_usage":true}}  "#
+        );
+        assert_eq!(RequestInfo::parse(&out).include_usage, Some(true));
+    }
+
+    #[test]
+    fn injection_merges_existing_stream_options() {
+        let body =
+            br#"{"stream":true,"stream_options":{"continuous_usage_stats":true,"include_usage":false}}"#;
+        let info = RequestInfo::parse(body);
+        assert!(info.wants_injected_usage());
+        let out = inject_include_usage(body, &info).unwrap();
+        let back = RequestInfo::parse(&out);
+        assert_eq!(back.include_usage, Some(true));
+        assert!(back.continuous_usage_stats);
+    }
+
+    #[test]
+    fn operation_from_path() {
+        assert_eq!(Operation::from_path("/v1/chat/completions"), Some(Operation::Chat));
+        assert_eq!(Operation::from_path("/v1/completions/"), Some(Operation::Completion));
+        assert_eq!(Operation::from_path("/v1/models"), None);
+        assert_eq!(Operation::from_path("/v1/embeddings"), None);
+    }
+}

@@ -1,0 +1,214 @@
+//! `MeteredBody`: the response body handed to the client. It forwards every upstream frame
+//! as it arrives (no buffering), lets the `ResponseMeter` look at it, enforces the idle
+//! timeout, and fires exactly once at the end: on end of stream, on an upstream error, or on
+//! drop, which is how a client disconnect is seen. Dropping it also drops the upstream body,
+//! which closes the upstream connection: vLLM aborts the generation when that happens.
+
+use bytes::Bytes;
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use prometheus::IntGauge;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::time::Sleep;
+
+use crate::meter::observe::ResponseMeter;
+use crate::meter::record::{Outcome, RequestRecord, TokenSource};
+use crate::meter::recorder::Recorder;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug)]
+pub struct IdleTimeout(pub Duration);
+
+impl std::fmt::Display for IdleTimeout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "upstream sent nothing for {:?}", self.0)
+    }
+}
+
+impl std::error::Error for IdleTimeout {}
+
+/// Per-request metering state; absent for paths that are only forwarded.
+pub struct Metering {
+    pub meter: ResponseMeter,
+    pub record: RequestRecord,
+    pub recorder: Recorder,
+    pub t0: Instant,
+    pub in_flight: IntGauge,
+    pub on_upstream_error: Box<dyn Fn(&'static str) + Send + Sync>,
+}
+
+pub struct MeteredBody {
+    inner: Incoming,
+    metering: Option<Box<Metering>>,
+    idle: Pin<Box<Sleep>>,
+    idle_after: Duration,
+    tail: Option<Bytes>,
+    ended: bool,
+}
+
+impl MeteredBody {
+    pub fn new(inner: Incoming, metering: Option<Box<Metering>>, idle_after: Duration) -> Self {
+        MeteredBody {
+            inner,
+            metering,
+            idle: Box::pin(tokio::time::sleep(idle_after)),
+            idle_after,
+            tail: None,
+            ended: false,
+        }
+    }
+
+    fn finish(&mut self, outcome: Option<Outcome>) {
+        let Some(mut m) = self.metering.take() else { return };
+        let end = Instant::now();
+        let obs = &mut m.meter.observed;
+        let r = &mut m.record;
+        r.e2e = end.saturating_duration_since(m.t0);
+        r.content_chunks = obs.content_chunks;
+        if r.stream {
+            r.ttft = obs.first_content.map(|t| t.saturating_duration_since(m.t0));
+            r.itl_mean = (obs.itl_count > 0).then(|| obs.itl_sum / obs.itl_count as u32);
+        }
+        r.finish_reason = obs.finish_reason;
+        if let Some(u) = obs.usage {
+            if let Some(p) = u.prompt_tokens {
+                r.prompt_tokens = Some(p);
+                r.prompt_source = TokenSource::Usage;
+            }
+            if let Some(c) = u.completion_tokens {
+                r.completion_tokens = Some(c);
+                r.completion_source = TokenSource::Usage;
+            }
+        }
+        if r.completion_tokens.is_none() {
+            if obs.texts.is_some() {
+                r.texts = obs.texts.take();
+            } else if r.stream && obs.content_choice_chunks > 0 {
+                r.completion_tokens = Some(obs.content_choice_chunks);
+                r.completion_source = TokenSource::Chunks;
+            }
+        }
+        if obs.usage_chunks_removed > 0 {
+            m.recorder.metrics().usage_stripped.inc_by(obs.usage_chunks_removed);
+        }
+        r.outcome = match outcome {
+            Some(o) => o,
+            None if obs.error_event && r.status < 400 => Outcome::UpstreamError,
+            None => r.outcome,
+        };
+        m.in_flight.dec();
+        let record = std::mem::replace(r, RequestRecord::placeholder());
+        m.recorder.submit(record);
+    }
+
+    /// The upstream body is complete: release any held bytes and emit the record.
+    fn end_of_upstream(&mut self) {
+        self.ended = true;
+        if let Some(m) = &mut self.metering {
+            let t = Instant::now();
+            let tail = m.meter.on_end();
+            m.record.overhead += t.elapsed();
+            self.tail = match (self.tail.take(), tail) {
+                (Some(a), Some(b)) => Some([a, b].concat().into()),
+                (a, b) => a.or(b),
+            };
+        }
+        self.finish(None);
+    }
+}
+
+impl Body for MeteredBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        loop {
+            if let Some(t) = this.tail.take() {
+                return Poll::Ready(Some(Ok(Frame::data(t))));
+            }
+            if this.ended {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => {
+                    if this.idle.as_mut().poll(cx).is_ready() {
+                        this.ended = true;
+                        if let Some(m) = &this.metering {
+                            (m.on_upstream_error)("timeout_idle");
+                        }
+                        this.finish(Some(Outcome::Timeout));
+                        return Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_after)))));
+                    }
+                    return Poll::Pending;
+                }
+                Poll::Ready(None) => {
+                    this.end_of_upstream();
+                    continue;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    this.ended = true;
+                    if let Some(m) = &this.metering {
+                        (m.on_upstream_error)("reset");
+                    }
+                    this.finish(Some(Outcome::UpstreamReset));
+                    return Poll::Ready(Some(Err(Box::new(e))));
+                }
+                Poll::Ready(Some(Ok(frame))) => {
+                    let now = Instant::now();
+                    this.idle.as_mut().reset((now + this.idle_after).into());
+                    let frame = match frame.into_data() {
+                        Ok(data) => {
+                            let Some(m) = this.metering.as_mut() else {
+                                return Poll::Ready(Some(Ok(Frame::data(data))));
+                            };
+                            let out = m.meter.on_data(data, now);
+                            m.record.overhead += now.elapsed();
+                            out.map(Frame::data)
+                        }
+                        Err(other) => Some(other),
+                    };
+                    // A body with a known length may never be polled to its end: hyper stops
+                    // once it has written content-length bytes. Settle the record now.
+                    if this.inner.is_end_stream() {
+                        this.end_of_upstream();
+                    }
+                    match frame {
+                        Some(f) => return Poll::Ready(Some(Ok(f))),
+                        None => continue,
+                    }
+                }
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.ended && self.tail.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        if self.ended {
+            return SizeHint::with_exact(self.tail.as_ref().map_or(0, |t| t.len() as u64));
+        }
+        // Exact only when no byte can be taken out.
+        match &self.metering {
+            Some(m) if m.meter.may_rewrite() => SizeHint::default(),
+            _ => self.inner.size_hint(),
+        }
+    }
+}
+
+impl Drop for MeteredBody {
+    fn drop(&mut self) {
+        if self.metering.is_some() {
+            // The client went away (or hyper gave up on the connection) before the end.
+            self.finish(Some(Outcome::Cancelled));
+        }
+    }
+}

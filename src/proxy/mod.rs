@@ -1,0 +1,433 @@
+//! The proxy: listener, per-request handling, upstream forwarding.
+//!
+//! Path of a request: `serve` accepts a connection (HTTP/1.1 or h2c) → `Proxy::handle`:
+//! admission (body limit; metered paths read the JSON body and may add include_usage) →
+//! `forward` to the upstream over the pooled client → the response goes back with its body
+//! wrapped in `MeteredBody`, which meters it on the fly and emits one `RequestRecord`.
+
+pub mod body;
+pub mod headers;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
+
+use crate::config::ConfigHandle;
+use crate::meter::observe::ResponseMeter;
+use crate::meter::record::{Outcome, RequestRecord};
+use crate::meter::recorder::Recorder;
+use crate::openai::{Operation, RequestInfo, inject_include_usage};
+use body::{MeteredBody, Metering};
+
+pub type UpstreamBody = Either<Full<Bytes>, Limited<Incoming>>;
+pub type ProxyBody = Either<MeteredBody, Full<Bytes>>;
+
+pub struct Proxy {
+    pub config: Arc<ConfigHandle>,
+    pub recorder: Recorder,
+    client: Client<HttpConnector, UpstreamBody>,
+    ready: AtomicBool,
+    next_id: AtomicU64,
+}
+
+/// An OpenAI-style error body: `{"error": {"message", "type", "code"}}`.
+pub fn error_response(status: StatusCode, kind: &str, code: &str, message: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "code": code}});
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Either::Right(Full::new(Bytes::from(body.to_string()))))
+        .expect("valid response")
+}
+
+impl Proxy {
+    pub fn new(config: Arc<ConfigHandle>, recorder: Recorder) -> Arc<Proxy> {
+        let timeouts = config.load().config.timeouts;
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_millis(timeouts.connect_ms)));
+        connector.enforce_http(true);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
+        Arc::new(Proxy {
+            config,
+            recorder,
+            client,
+            ready: AtomicBool::new(false),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Probe the upstream until it answers anything at all; /readyz turns ready then.
+    pub fn spawn_readiness_probe(self: &Arc<Self>) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            while !this.is_ready() {
+                let origin = this.config.load().default_backend().origin.clone();
+                let base = this.config.load().default_backend().base_path.clone();
+                if let Ok(req) = Request::get(format!("{origin}{base}/v1/models"))
+                    .body(Either::Left(Full::new(Bytes::new())))
+                    && let Ok(Ok(_)) =
+                        tokio::time::timeout(Duration::from_secs(5), this.client.request(req)).await
+                {
+                    this.ready.store(true, Ordering::Relaxed);
+                    tracing::info!(upstream = %origin, "upstream answered; ready");
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        });
+    }
+
+    pub async fn handle(
+        self: Arc<Self>,
+        req: Request<Incoming>,
+        client: Option<SocketAddr>,
+    ) -> Response<ProxyBody> {
+        let t0 = Instant::now();
+        let snap = self.config.load_full();
+        let cfg = &snap.config;
+        let backend = snap.default_backend().clone();
+        let op =
+            (req.method() == http::Method::POST).then(|| Operation::from_path(req.uri().path())).flatten();
+        let (mut parts, body) = req.into_parts();
+        let limit = cfg.limits.max_body_bytes;
+
+        let declared_len = parts
+            .headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared_len.is_some_and(|l| l > limit) {
+            self.config.metrics.body_too_large.inc();
+            return too_large(limit);
+        }
+
+        let uri = {
+            let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+            let mut s = String::with_capacity(backend.origin.len() + backend.base_path.len() + pq.len());
+            s.push_str(&backend.origin);
+            s.push_str(&backend.base_path);
+            s.push_str(pq);
+            match s.parse::<http::Uri>() {
+                Ok(u) => u,
+                Err(_) => {
+                    return error_response(
+                        StatusCode::BAD_REQUEST,
+                        "invalid_request_error",
+                        "bad_uri",
+                        "invalid request URI",
+                    );
+                }
+            }
+        };
+        headers::strip_hop_by_hop(&mut parts.headers);
+        parts.headers.remove(header::HOST);
+        headers::add_forwarded(&mut parts.headers, client.map(|c| c.ip()));
+        for (k, v) in &backend.headers {
+            parts.headers.insert(k.clone(), v.clone());
+        }
+        parts.uri = uri;
+        parts.version = http::Version::HTTP_11;
+
+        // Metered paths: the JSON body is read whole (it must be parsed) within the limit.
+        let mut metering = None;
+        let mut client_time = Duration::ZERO;
+        let upstream_body = match op {
+            None => Either::Right(Limited::new(body, limit as usize)),
+            Some(op) => {
+                let t_read = Instant::now();
+                let read = Limited::new(body, limit as usize).collect().await;
+                client_time = t_read.elapsed();
+                let bytes = match read {
+                    Ok(c) => c.to_bytes(),
+                    Err(e) => {
+                        if e.is::<http_body_util::LengthLimitError>() {
+                            self.config.metrics.body_too_large.inc();
+                            return too_large(limit);
+                        }
+                        return error_response(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_request_error",
+                            "body_read_failed",
+                            "could not read the request body",
+                        );
+                    }
+                };
+                let info = RequestInfo::parse(&bytes);
+                let inject = cfg.usage.inject_stream_usage && info.wants_injected_usage();
+                let bytes = if inject {
+                    match inject_include_usage(&bytes, &info) {
+                        Some(b) => {
+                            self.config.metrics.usage_injected.inc();
+                            parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
+                            Bytes::from(b)
+                        }
+                        None => bytes,
+                    }
+                } else {
+                    bytes
+                };
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let mut record = RequestRecord::placeholder();
+                record.id = id;
+                record.start_unix_ms =
+                    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+                record.backend = backend.name.clone();
+                record.route = Arc::from("default");
+                record.model =
+                    backend.model_label(if info.valid_json { info.model.as_deref() } else { None });
+                record.operation = op;
+                record.stream = info.stream;
+                record.n = info.n;
+                metering = Some((record, info, inject && bytes.len() > 0));
+                Either::Left(Full::new(bytes))
+            }
+        };
+        let upstream_req = Request::from_parts(parts, upstream_body);
+        let t_send = Instant::now();
+        // Time in the proxy before the upstream call; reading the body is the client's time.
+        if let Some((record, _, _)) = &mut metering {
+            record.overhead = t_send.duration_since(t0).saturating_sub(client_time);
+        }
+        let timeouts = cfg.timeouts;
+        let result = tokio::time::timeout(
+            Duration::from_millis(timeouts.first_byte_ms),
+            self.client.request(upstream_req),
+        )
+        .await;
+        let t_headers = Instant::now();
+        let backend_name = backend.name.clone();
+        let errors = self.config.metrics.upstream_errors.clone();
+
+        let resp = match result {
+            Err(_) => {
+                return fail_with(
+                    &mut metering,
+                    &self.recorder,
+                    &errors,
+                    &backend_name,
+                    t0,
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "timeout_first_byte",
+                    Outcome::Timeout,
+                    format!("upstream sent no response headers within {} ms", timeouts.first_byte_ms),
+                );
+            }
+            Ok(Err(e)) => {
+                let (status, kind, outcome, msg) = classify(&e, timeouts.connect_ms);
+                return fail_with(
+                    &mut metering,
+                    &self.recorder,
+                    &errors,
+                    &backend_name,
+                    t0,
+                    status,
+                    kind,
+                    outcome,
+                    msg,
+                );
+            }
+            Ok(Ok(r)) => r,
+        };
+        self.ready.store(true, Ordering::Relaxed);
+
+        let (mut rparts, rbody) = resp.into_parts();
+        headers::strip_hop_by_hop(&mut rparts.headers);
+        let idle = Duration::from_millis(timeouts.idle_ms);
+        let metering = metering.map(|(mut record, info, injected)| {
+            let status = rparts.status.as_u16();
+            record.status = status;
+            record.outcome = if status >= 500 {
+                Outcome::UpstreamError
+            } else if status >= 400 {
+                Outcome::ClientError
+            } else {
+                Outcome::Ok
+            };
+            let sse = rparts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            if injected && sse {
+                // Bytes may be taken out: the length is no longer the upstream's.
+                rparts.headers.remove(header::CONTENT_LENGTH);
+            }
+            let itl = (sse && info.n <= 1).then(|| {
+                self.config.metrics.itl.with_label_values(&[&*record.model, &*record.backend, &*record.route])
+            });
+            let collect_text = backend.tokenizer.is_some();
+            let in_flight = self.config.metrics.in_flight.with_label_values(&[&*record.backend]);
+            in_flight.inc();
+            let errors = errors.clone();
+            let name = backend_name.clone();
+            Box::new(Metering {
+                meter: ResponseMeter::new(sse, injected, info.n, collect_text, itl),
+                record,
+                recorder: self.recorder.clone(),
+                t0,
+                in_flight,
+                on_upstream_error: Box::new(move |kind| errors.with_label_values(&[&name, kind]).inc()),
+            })
+        });
+        let mut metering = metering;
+        if let Some(m) = &mut metering {
+            m.record.overhead += t_headers.elapsed();
+        }
+        Response::from_parts(rparts, Either::Left(MeteredBody::new(rbody, metering, idle)))
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn fail_with(
+    metering: &mut Option<(RequestRecord, RequestInfo, bool)>,
+    recorder: &Recorder,
+    errors: &prometheus::IntCounterVec,
+    backend: &str,
+    t0: Instant,
+    status: StatusCode,
+    kind: &'static str,
+    outcome: Outcome,
+    msg: String,
+) -> Response<ProxyBody> {
+    errors.with_label_values(&[backend, kind]).inc();
+    if let Some((mut record, _, _)) = metering.take() {
+        record.status = status.as_u16();
+        record.outcome = outcome;
+        record.e2e = t0.elapsed();
+        recorder.submit(record);
+    }
+    tracing::warn!(backend, kind, "upstream failure: {msg}");
+    let err_type = if status == StatusCode::GATEWAY_TIMEOUT { "upstream_timeout" } else { "upstream_error" };
+    error_response(status, err_type, kind, &msg)
+}
+
+fn too_large(limit: u64) -> Response<ProxyBody> {
+    error_response(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        "request_too_large",
+        &format!("request body exceeds the limit of {limit} bytes"),
+    )
+}
+
+/// Map a client error to (status, metric kind, outcome, message).
+fn classify(
+    e: &hyper_util::client::legacy::Error,
+    connect_ms: u64,
+) -> (StatusCode, &'static str, Outcome, String) {
+    let mut timed_out = false;
+    let mut src: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    let mut detail = String::new();
+    while let Some(s) = src {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            timed_out = true;
+        }
+        if detail.is_empty() {
+            detail = s.to_string();
+        }
+        src = s.source();
+    }
+    if e.is_connect() {
+        if timed_out {
+            (
+                StatusCode::GATEWAY_TIMEOUT,
+                "timeout_connect",
+                Outcome::Timeout,
+                format!("could not connect to the upstream within {connect_ms} ms"),
+            )
+        } else {
+            (
+                StatusCode::BAD_GATEWAY,
+                "connect",
+                Outcome::ConnectError,
+                format!("could not connect to the upstream: {detail}"),
+            )
+        }
+    } else {
+        (
+            StatusCode::BAD_GATEWAY,
+            "protocol",
+            Outcome::UpstreamReset,
+            format!("upstream failed before answering: {detail}"),
+        )
+    }
+}
+
+/// Accept connections until `shutdown` resolves; each connection is served on its own task.
+/// Then stop accepting, let in-flight requests finish for up to `grace`, and return.
+pub async fn serve(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    shutdown: impl std::future::Future<Output = ()>,
+    grace: Duration,
+) {
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_secs(30))
+        .max_buf_size(1024 * 1024);
+    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(1024);
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, remote) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let proxy = proxy.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let proxy = proxy.clone();
+            async move { Ok::<_, Infallible>(proxy.handle(req, Some(remote)).await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::info!(connections = graceful.count(), "draining in-flight requests");
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!(?grace, "grace period over; closing the remaining connections");
+    }
+}
+
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy").finish_non_exhaustive()
+    }
+}
