@@ -330,7 +330,7 @@ mod tests {
     fn unknown_field_names_its_path() {
         let e =
             Config::from_yaml("backends:\n  - name: a\n    url: http://x:1\n    modle: [m]\n").unwrap_err();
-        assert_eq!(e.0[0].path, "backends[0]");
+        assert_eq!(e.0[0].path, "backends[0].modle");
         assert!(e.0[0].message.contains("unknown field `modle`"), "{}", e);
     }
 

@@ -65,7 +65,9 @@ struct Fields {
 impl RequestInfo {
     pub fn parse(body: &[u8]) -> RequestInfo {
         // Lenient on types: a wrong type is the upstream's error to report, not ours.
-        let Ok(f) = serde_json::from_slice::<Fields>(body) else {
+        let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+        let parsed = if is_object { serde_json::from_slice::<Fields>(body).ok() } else { None };
+        let Some(f) = parsed else {
             return RequestInfo { n: 1, ..Default::default() };
         };
         let so = f.stream_options.as_ref().and_then(|v| v.as_object());
