@@ -84,6 +84,7 @@ impl Proxy {
                 let origin = this.config.load().default_backend().origin.clone();
                 let base = this.config.load().default_backend().base_path.clone();
                 if let Ok(req) = Request::get(format!("{origin}{base}/v1/models"))
+                    .header(header::USER_AGENT, "goodput-readiness")
                     .body(Either::Left(Full::new(Bytes::new())))
                     && let Ok(Ok(_)) =
                         tokio::time::timeout(Duration::from_secs(5), this.client.request(req)).await
@@ -317,7 +318,11 @@ fn fail_with(
         recorder.submit(record);
     }
     tracing::warn!(backend, kind, "upstream failure: {msg}");
-    let err_type = if status == StatusCode::GATEWAY_TIMEOUT { "upstream_timeout" } else { "upstream_error" };
+    let err_type = match status {
+        StatusCode::GATEWAY_TIMEOUT => "upstream_timeout",
+        StatusCode::PAYLOAD_TOO_LARGE => "invalid_request_error",
+        _ => "upstream_error",
+    };
     error_response(status, err_type, kind, &msg)
 }
 
@@ -328,6 +333,18 @@ fn too_large(limit: u64) -> Response<ProxyBody> {
         "request_too_large",
         &format!("request body exceeds the limit of {limit} bytes"),
     )
+}
+
+fn find_source<T: std::error::Error + 'static>(mut e: &(dyn std::error::Error + 'static)) -> bool {
+    loop {
+        if e.is::<T>() {
+            return true;
+        }
+        match e.source() {
+            Some(s) => e = s,
+            None => return false,
+        }
+    }
 }
 
 /// Map a client error to (status, metric kind, outcome, message).
@@ -348,6 +365,14 @@ fn classify(
             detail = s.to_string();
         }
         src = s.source();
+    }
+    if std::error::Error::source(e).is_some_and(find_source::<http_body_util::LengthLimitError>) {
+        return (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "request_too_large",
+            Outcome::Rejected,
+            "request body exceeds the limit".into(),
+        );
     }
     if e.is_connect() {
         if timed_out {

@@ -615,6 +615,12 @@ pub struct ChannelBody {
     rx: mpsc::Receiver<Result<Bytes, std::io::Error>>,
 }
 
+impl ChannelBody {
+    pub fn new(rx: mpsc::Receiver<Result<Bytes, std::io::Error>>) -> Self {
+        ChannelBody { rx }
+    }
+}
+
 impl hyper::body::Body for ChannelBody {
     type Data = Bytes;
     type Error = std::io::Error;

@@ -1,0 +1,296 @@
+//! Test helpers: run the real `goodput` binary, upstream test doubles, an HTTP client.
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+
+/// A running `goodput serve` process, killed on drop.
+pub struct Goodput {
+    pub child: Child,
+    pub proxy: SocketAddr,
+    pub admin: SocketAddr,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+}
+
+impl Drop for Goodput {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+pub fn temp_dir(tag: &str) -> PathBuf {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let d = std::env::temp_dir().join(format!("goodput-test-{}-{tag}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+impl Goodput {
+    /// Start the binary with `yaml` as its config, on ephemeral loopback ports.
+    pub fn start(yaml: &str) -> Goodput {
+        Self::start_with(yaml, &[])
+    }
+
+    pub fn start_with(yaml: &str, extra: &[&str]) -> Goodput {
+        let dir = temp_dir("gp");
+        let config = dir.join("goodput.yaml");
+        std::fs::write(&config, yaml).unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_goodput"))
+            .args(["serve", "--config"])
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("spawn goodput");
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let field = |k: &str| -> SocketAddr {
+            line.split_whitespace()
+                .find_map(|w| w.strip_prefix(k))
+                .unwrap_or_else(|| panic!("no {k} in {line:?}"))
+                .parse()
+                .unwrap()
+        };
+        Goodput { proxy: field("proxy="), admin: field("admin="), child, dir, config }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.proxy, path)
+    }
+
+    pub async fn metrics(&self) -> String {
+        let r = send(self.admin, Request::get("/metrics").body(Full::default()).unwrap()).await;
+        String::from_utf8(r.body.to_vec()).unwrap()
+    }
+
+    pub async fn admin_json(&self, path: &str) -> serde_json::Value {
+        let r = send(self.admin, Request::get(path).body(Full::default()).unwrap()).await;
+        serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// Wait until at least `n` records exist, then return them (newest first).
+    pub async fn records(&self, n: usize) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let v = self.admin_json("/admin/records?limit=10000").await;
+            let a = v.as_array().unwrap().clone();
+            if a.len() >= n || Instant::now() > deadline {
+                assert!(a.len() >= n, "expected {n} records, have {}", a.len());
+                return a;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Sum of all samples of `name` whose labels include every `k="v"` in `labels`.
+pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter(|l| {
+            let (n, rest) = l.split_at(l.find(['{', ' ']).unwrap_or(l.len()));
+            n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    /// Each body frame with its arrival time.
+    pub frames: Vec<(Instant, Bytes)>,
+    pub sent_at: Instant,
+    pub error: Option<String>,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {:?}", self.body))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection; reads the whole body, frame by frame.
+pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Reply {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let mut req = req;
+    if !req.headers().contains_key("host") {
+        req.headers_mut().insert("host", addr.to_string().parse().unwrap());
+    }
+    let sent_at = Instant::now();
+    let resp = sender.send_request(req).await.unwrap();
+    read_reply(resp, sent_at).await
+}
+
+pub async fn read_reply(resp: Response<Incoming>, sent_at: Instant) -> Reply {
+    let (parts, mut body) = resp.into_parts();
+    let mut frames = Vec::new();
+    let mut all = Vec::new();
+    let mut error = None;
+    loop {
+        match body.frame().await {
+            None => break,
+            Some(Err(e)) => {
+                error = Some(e.to_string());
+                break;
+            }
+            Some(Ok(f)) => {
+                if let Ok(d) = f.into_data() {
+                    all.extend_from_slice(&d);
+                    frames.push((Instant::now(), d));
+                }
+            }
+        }
+    }
+    Reply { status: parts.status, headers: parts.headers, body: all.into(), frames, sent_at, error }
+}
+
+pub fn post_json(path: &str, body: &str) -> Request<Full<Bytes>> {
+    Request::post(path)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap()
+}
+
+/// A scripted upstream: answers each path with fixed bytes in fixed frames, and keeps
+/// every request it received.
+#[derive(Clone)]
+pub struct Canned {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub frames: Vec<Bytes>,
+    pub gap: Duration,
+    /// After the frames: stall forever (idle timeout) or abort (reset).
+    pub then: Then,
+    pub delay_headers: Duration,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+pub enum Then {
+    End,
+    Stall,
+    Reset,
+}
+
+#[derive(Clone, Default)]
+pub struct Seen {
+    pub requests: Arc<Mutex<Vec<(String, HeaderMap, Bytes)>>>,
+}
+
+pub async fn spawn_canned(routes: Vec<(&'static str, Canned)>) -> (SocketAddr, Seen) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Seen::default();
+    let s2 = seen.clone();
+    let routes = Arc::new(routes);
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let routes = routes.clone();
+            let seen = s2.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let routes = routes.clone();
+                    let seen = seen.clone();
+                    async move {
+                        let path = req.uri().path().to_string();
+                        let (parts, body) = req.into_parts();
+                        let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                        let probe = parts.headers.get("user-agent").is_some_and(|v| v == "goodput-readiness");
+                        if !probe {
+                            seen.requests.lock().unwrap().push((path.clone(), parts.headers, body));
+                        }
+                        let Some(c) = routes.iter().find(|(p, _)| *p == path).map(|(_, c)| c.clone()) else {
+                            let r = Response::builder()
+                                .status(404)
+                                .body(goodput::sim::ChannelBody::new(tokio::sync::mpsc::channel(1).1));
+                            return Ok(r.unwrap());
+                        };
+                        tokio::time::sleep(c.delay_headers).await;
+                        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(8);
+                        let frames = c.frames.clone();
+                        tokio::spawn(async move {
+                            for (i, f) in frames.into_iter().enumerate() {
+                                if i > 0 {
+                                    tokio::time::sleep(c.gap).await;
+                                }
+                                if tx.send(Ok(f)).await.is_err() {
+                                    return;
+                                }
+                            }
+                            match c.then {
+                                Then::End => {}
+                                Then::Stall => {
+                                    tx.closed().await;
+                                }
+                                Then::Reset => {
+                                    // Let the last frame reach the wire before aborting.
+                                    tokio::time::sleep(Duration::from_millis(50)).await;
+                                    let _ = tx.send(Err(std::io::Error::other("reset"))).await;
+                                }
+                            }
+                        });
+                        let resp = Response::builder()
+                            .status(c.status)
+                            .header("content-type", c.content_type)
+                            .header("x-upstream", "canned")
+                            .body(goodput::sim::ChannelBody::new(rx))
+                            .unwrap();
+                        Ok::<_, std::convert::Infallible>(resp)
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, seen)
+}
+
+pub fn canned_json(body: &str) -> Canned {
+    Canned {
+        status: 200,
+        content_type: "application/json",
+        frames: vec![Bytes::from(body.to_string())],
+        gap: Duration::ZERO,
+        then: Then::End,
+        delay_headers: Duration::ZERO,
+    }
+}
+
+pub fn canned_sse(events: &[&str], gap: Duration) -> Canned {
+    Canned {
+        status: 200,
+        content_type: "text/event-stream",
+        frames: events.iter().map(|e| Bytes::from(e.to_string())).collect(),
+        gap,
+        then: Then::End,
+        delay_headers: Duration::ZERO,
+    }
+}

@@ -1,0 +1,465 @@
+//! Black-box tests of the proxy over real sockets: the `goodput` binary between a client and
+//! an upstream test double.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::Request;
+use http_body_util::Full;
+use std::time::{Duration, Instant};
+
+const CHAT_STREAM: &[&str] = &[
+    "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n",
+    "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hello\"},\"finish_reason\":null}]}\n\n",
+    // One event split across two frames, as TCP may deliver it.
+    "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" world\"},",
+    "\"finish_reason\":null}]}\n\ndata: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\". Foo bar\"},\"finish_reason\":\"stop\"}]}\n\n",
+];
+const USAGE_EVENT: &str = "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}\n\n";
+const DONE: &str = "data: [DONE]\n\n";
+
+fn chat_stream_with_usage() -> Vec<&'static str> {
+    let mut v = CHAT_STREAM.to_vec();
+    v.push(USAGE_EVENT);
+    v.push(DONE);
+    v
+}
+
+fn config_for(upstream: std::net::SocketAddr, extra: &str) -> String {
+    format!("backends:\n  - name: up\n    url: http://{upstream}\n    models: [m1]\n{extra}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn byte_transparent_for_every_path() {
+    let completion_stream: Vec<&str> = vec![
+        "data: {\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\"a\",\"finish_reason\":null}]}\n\n",
+        "data: {\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[{\"index\":0,\"text\":\" b\",\"finish_reason\":\"length\"}]}\n\n",
+        "data: {\"id\":\"x\",\"object\":\"text_completion\",\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2,\"total_tokens\":3}}\n\n",
+        DONE,
+    ];
+    let chat_json = r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}"#;
+    let completion_json = r#"{"id":"d","object":"text_completion","choices":[{"index":0,"text":"x y z","finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}"#;
+    let cases: Vec<(&str, &str, Canned, &str)> = vec![
+        (
+            "/v1/chat/completions",
+            "POST",
+            canned_sse(&chat_stream_with_usage(), Duration::from_millis(5)),
+            r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#,
+        ),
+        (
+            "/v1/chat/completions",
+            "POST",
+            canned_json(chat_json),
+            r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#,
+        ),
+        (
+            "/v1/completions",
+            "POST",
+            canned_sse(&completion_stream, Duration::from_millis(5)),
+            r#"{"model":"m1","prompt":"p","stream":true,"stream_options":{"include_usage":true}}"#,
+        ),
+        (
+            "/v1/completions",
+            "POST",
+            canned_json(completion_json),
+            r#"{"model":"m1","prompt":"p","max_tokens":3}"#,
+        ),
+        ("/v1/models", "GET", canned_json(r#"{"object":"list","data":[{"id":"m1","object":"model"}]}"#), ""),
+        (
+            "/v1/embeddings",
+            "POST",
+            canned_json(
+                r#"{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,-0.2]}]}"#,
+            ),
+            r#"{"model":"e","input":"x"}"#,
+        ),
+        // Malformed JSON: forwarded unchanged; the upstream decides.
+        (
+            "/v1/chat/completions",
+            "POST",
+            Canned {
+                status: 400,
+                ..canned_json(r#"{"error":{"message":"bad json","type":"invalid_request_error","code":400}}"#)
+            },
+            r#"{"model": "m1", "messages": [oops"#,
+        ),
+    ];
+    for (path, method, canned, body) in cases {
+        let expected: Vec<u8> = canned.frames.iter().flat_map(|f| f.to_vec()).collect();
+        let (up, seen) = spawn_canned(vec![(path, canned)]).await;
+        let gp = Goodput::start(&config_for(up, ""));
+        let req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("content-type", "application/json")
+            .header("authorization", "Bearer sk-test")
+            .header("connection", "x-hop")
+            .header("x-hop", "must-not-pass")
+            .header("x-custom", "kept")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .unwrap();
+        let r = send(gp.proxy, req).await;
+        assert_eq!(r.body.as_ref(), expected.as_slice(), "{method} {path}: body differs");
+        assert!(r.error.is_none(), "{path}: {:?}", r.error);
+        assert_eq!(r.headers["x-upstream"], "canned");
+        let seen = seen.requests.lock().unwrap();
+        let (p, h, b) = &seen[0];
+        assert_eq!(p, path);
+        assert_eq!(b.as_ref(), body.as_bytes(), "{path}: request body changed");
+        assert_eq!(h["x-forwarded-for"], "127.0.0.1");
+        assert_eq!(h["x-forwarded-proto"], "http");
+        assert_eq!(h["authorization"], "Bearer sk-test");
+        assert_eq!(h["x-custom"], "kept");
+        assert!(!h.contains_key("x-hop"), "hop-by-hop header named in Connection was forwarded");
+        drop(seen);
+        if method == "POST" && path != "/v1/embeddings" {
+            let recs = gp.records(1).await;
+            let model = if body.contains("oops") { "unknown" } else { "m1" };
+            assert_eq!(recs[0]["model"], model);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn injected_usage_is_removed_and_counted() {
+    let (up, seen) = spawn_canned(vec![(
+        "/v1/chat/completions",
+        canned_sse(&chat_stream_with_usage(), Duration::from_millis(2)),
+    )])
+    .await;
+    let gp = Goodput::start(&config_for(up, ""));
+    let body = r#"{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = send(gp.proxy, post_json("/v1/chat/completions", body)).await;
+    let mut want = CHAT_STREAM.concat();
+    want.push_str(DONE);
+    assert_eq!(r.text(), want, "the client must see every byte but the usage chunk it did not ask for");
+    let sent = seen.requests.lock().unwrap()[0].2.clone();
+    let v: serde_json::Value = serde_json::from_slice(&sent).unwrap();
+    assert_eq!(v["stream_options"]["include_usage"], true);
+    assert_eq!(v["messages"][0]["content"], "hi");
+    let rec = &gp.records(1).await[0];
+    assert_eq!(rec["completion_tokens"], 3);
+    assert_eq!(rec["completion_source"], "usage");
+    assert_eq!(rec["prompt_tokens"], 5);
+    assert_eq!(rec["outcome"], "ok");
+    assert_eq!(rec["finish_reason"], "stop");
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_usage_chunks_removed_total", &[]), 1.0);
+    assert_eq!(metric(&m, "goodput_tokens_total", &[("type", "output"), ("source", "usage")]), 3.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn usage_injection_can_be_disabled_then_chunks_or_tokenizer_count() {
+    let mut events = CHAT_STREAM.to_vec();
+    events.push(DONE);
+    let (up, seen) =
+        spawn_canned(vec![("/v1/chat/completions", canned_sse(&events, Duration::from_millis(2)))]).await;
+    let body = r#"{"model":"m1","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+
+    let gp = Goodput::start(&config_for(up, "usage:\n  inject_stream_usage: false\n"));
+    let r = send(gp.proxy, post_json("/v1/chat/completions", body)).await;
+    assert_eq!(r.body.as_ref(), events.concat().as_bytes());
+    assert_eq!(seen.requests.lock().unwrap()[0].2.as_ref(), body.as_bytes(), "request must be untouched");
+    let rec = &gp.records(1).await[0];
+    assert_eq!(rec["completion_source"], "chunks");
+    assert_eq!(rec["completion_tokens"], 3, "three content-bearing chunks");
+    drop(gp);
+
+    // With the served model's tokenizer.json the count is by tokens, not chunks.
+    let dir = temp_dir("tok");
+    let tok = dir.join("tokenizer.json");
+    std::fs::write(
+        &tok,
+        r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],"normalizer":null,
+            "pre_tokenizer":{"type":"Whitespace"},"post_processor":null,"decoder":null,
+            "model":{"type":"WordLevel","vocab":{"[UNK]":0,"Hello":1,"world":2,".":3},"unk_token":"[UNK]"}}"#,
+    )
+    .unwrap();
+    let gp = Goodput::start(&config_for(up, &format!("    tokenizer: {}\n", tok.display())));
+    let r = send(gp.proxy, post_json("/v1/chat/completions", body)).await;
+    assert_eq!(r.status, 200);
+    let rec = &gp.records(1).await[0];
+    assert_eq!(rec["completion_source"], "tokenizer");
+    // "Hello world. Foo bar" -> Hello, world, ".", Foo, bar
+    assert_eq!(rec["completion_tokens"], 5);
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_tokens_total", &[("type", "output"), ("source", "tokenizer")]), 5.0);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_disconnect_cancels_upstream_within_100ms() {
+    let cfg =
+        goodput::sim::SimConfig { ttft_ms: 5.0, tpot_ms: 20.0, output_tokens: 500, ..Default::default() };
+    let (sim_addr, sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let gp = Goodput::start_with("", &["--upstream", &format!("http://{sim_addr}")]);
+    let stream = tokio::net::TcpStream::connect(gp.proxy).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+    let conn_task = tokio::spawn(conn);
+    let mut req = post_json(
+        "/v1/chat/completions",
+        r#"{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"tell me a long story"}]}"#,
+    );
+    req.headers_mut().insert("host", "x".parse().unwrap());
+    let resp = sender.send_request(req).await.unwrap();
+    let mut body = resp.into_body();
+    use http_body_util::BodyExt;
+    let mut frames = 0;
+    while frames < 4 {
+        body.frame().await.unwrap().unwrap();
+        frames += 1;
+    }
+    assert_eq!(sim.cancelled(), 0);
+    // The client goes away mid-stream.
+    drop(body);
+    drop(sender);
+    conn_task.abort();
+    let t = Instant::now();
+    while sim.cancelled() == 0 && t.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let took = t.elapsed();
+    assert_eq!(sim.cancelled(), 1, "the upstream never saw the cancellation");
+    assert!(took < Duration::from_millis(100), "cancellation reached the upstream after {took:?}");
+    let rec = &gp.records(1).await[0];
+    assert_eq!(rec["outcome"], "cancelled");
+    assert!(rec["slo_met"].is_null(), "cancellations are not judged");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_refused_is_502_with_openai_error() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let gp = Goodput::start_with("", &["--upstream", &format!("http://127.0.0.1:{port}")]);
+    let r = send(gp.proxy, post_json("/v1/chat/completions", r#"{"model":"m","messages":[]}"#)).await;
+    assert_eq!(r.status, 502);
+    let v = r.json();
+    assert_eq!(v["error"]["code"], "connect");
+    assert!(v["error"]["message"].as_str().unwrap().contains("connect"));
+    assert!(v["error"]["type"].is_string());
+    let rec = &gp.records(1).await[0];
+    assert_eq!(rec["outcome"], "connect_error");
+    assert_eq!(rec["slo_met"], false);
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_upstream_errors_total", &[("kind", "connect")]), 1.0);
+    // Unmetered paths fail the same way.
+    let r = send(gp.proxy, Request::get("/v1/models").body(Full::default()).unwrap()).await;
+    assert_eq!(r.status, 502);
+    let ready = send(gp.admin, Request::get("/readyz").body(Full::default()).unwrap()).await;
+    assert_eq!(ready.status, 503, "not ready while the upstream has never answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_byte_timeout_is_504() {
+    let slow = Canned { delay_headers: Duration::from_secs(5), ..canned_json("{}") };
+    let (up, _) = spawn_canned(vec![("/v1/chat/completions", slow)]).await;
+    let gp = Goodput::start(&config_for(up, "timeouts:\n  first_byte_ms: 300\n"));
+    let t = Instant::now();
+    let r = send(gp.proxy, post_json("/v1/chat/completions", r#"{"model":"m1","messages":[]}"#)).await;
+    assert_eq!(r.status, 504);
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert_eq!(r.json()["error"]["code"], "timeout_first_byte");
+    assert_eq!(gp.records(1).await[0]["outcome"], "timeout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_timeout_and_reset_end_stream_without_invented_bytes() {
+    for (then, outcome, extra) in
+        [(Then::Stall, "timeout", "timeouts:\n  idle_ms: 300\n"), (Then::Reset, "upstream_reset", "")]
+    {
+        let canned = Canned { then, ..canned_sse(&CHAT_STREAM[..2], Duration::from_millis(5)) };
+        let (up, _) = spawn_canned(vec![("/v1/chat/completions", canned)]).await;
+        let gp = Goodput::start(&config_for(up, extra));
+        let r = send(
+            gp.proxy,
+            post_json(
+                "/v1/chat/completions",
+                r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
+            ),
+        )
+        .await;
+        assert_eq!(r.status, 200);
+        assert_eq!(
+            r.text(),
+            CHAT_STREAM[..2].concat(),
+            "{outcome}: the client must get exactly what was sent"
+        );
+        assert!(r.error.is_some(), "{outcome}: the stream must end as an error, not as a clean end");
+        let rec = &gp.records(1).await[0];
+        assert_eq!(rec["outcome"], outcome);
+        assert_eq!(rec["slo_met"], false);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_5xx_with_non_json_body_is_forwarded_and_marked() {
+    let c = Canned { status: 503, content_type: "text/html", ..canned_json("<html>overloaded</html>") };
+    let (up, _) = spawn_canned(vec![("/v1/chat/completions", c)]).await;
+    let gp = Goodput::start(&config_for(up, ""));
+    let r = send(gp.proxy, post_json("/v1/chat/completions", r#"{"model":"m1","messages":[]}"#)).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.text(), "<html>overloaded</html>");
+    let rec = &gp.records(1).await[0];
+    assert_eq!(rec["outcome"], "upstream_error");
+    assert_eq!(rec["status"], 503);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_body_is_413_with_and_without_content_length() {
+    let (up, seen) = spawn_canned(vec![
+        ("/v1/chat/completions", canned_json("{}")),
+        ("/v1/embeddings", canned_json("{}")),
+    ])
+    .await;
+    let gp = Goodput::start(&config_for(up, "limits:\n  max_body_bytes: 1024\n"));
+    let big = format!(r#"{{"model":"m1","messages":[{{"role":"user","content":"{}"}}]}}"#, "x".repeat(4096));
+    let r = send(gp.proxy, post_json("/v1/chat/completions", &big)).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.json()["error"]["code"], "request_too_large");
+    // Chunked (no Content-Length): the limit applies while reading.
+    for path in ["/v1/chat/completions", "/v1/embeddings"] {
+        let stream = tokio::net::TcpStream::connect(gp.proxy).await.unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+        tokio::spawn(conn);
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let req = Request::post(path).header("host", "x").body(goodput::sim::ChannelBody::new(rx)).unwrap();
+        let big = big.clone();
+        tokio::spawn(async move {
+            for c in big.as_bytes().chunks(512) {
+                if tx.send(Ok(Bytes::copy_from_slice(c))).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let resp = sender.send_request(req).await;
+        match resp {
+            Ok(resp) => assert_eq!(resp.status(), 413, "{path}"),
+            // For a streamed path the proxy may have to cut the upload short instead.
+            Err(e) => assert_eq!(path, "/v1/embeddings", "{e}"),
+        }
+    }
+    assert!(seen.requests.lock().unwrap().iter().all(|(p, _, _)| p != "/v1/chat/completions"));
+    let m = gp.metrics().await;
+    assert!(metric(&m, "goodput_request_body_too_large_total", &[]) >= 2.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2c_clients_are_served_and_metered() {
+    let cfg = goodput::sim::SimConfig { ttft_ms: 1.0, tpot_ms: 1.0, output_tokens: 5, ..Default::default() };
+    let (sim_addr, _sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let gp = Goodput::start_with("", &["--upstream", &format!("http://{sim_addr}")]);
+    let stream = tokio::net::TcpStream::connect(gp.proxy).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = Request::post(format!("http://{}/v1/chat/completions", gp.proxy))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from_static(
+            br#"{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#,
+        )))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.version(), http::Version::HTTP_2);
+    let r = read_reply(resp, Instant::now()).await;
+    assert!(r.text().ends_with("data: [DONE]\n\n"));
+    assert!(!r.text().contains("\"usage\""));
+    let rec = &gp.records(1).await[0];
+    assert_eq!(rec["completion_tokens"], 5);
+    assert_eq!(rec["completion_source"], "usage");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_with_n_choices_count_every_choice() {
+    let cfg = goodput::sim::SimConfig { ttft_ms: 1.0, tpot_ms: 1.0, output_tokens: 6, ..Default::default() };
+    let (sim_addr, _sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let gp = Goodput::start_with("", &["--upstream", &format!("http://{sim_addr}")]);
+    for (stream, usage) in [(true, false), (false, true)] {
+        let body = format!(r#"{{"model":"sim-model","n":3,"stream":{stream},"prompt":"a b c"}}"#);
+        let r = send(gp.proxy, post_json("/v1/completions", &body)).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(r.text().contains("\"usage\""), usage);
+    }
+    let recs = gp.records(2).await;
+    for rec in &recs {
+        assert_eq!(rec["completion_tokens"], 18);
+        assert_eq!(rec["prompt_tokens"], 3);
+        assert_eq!(rec["n"], 3);
+    }
+    assert!(recs[1]["tpot"].as_f64().unwrap() > 0.0, "TPOT is per choice for n > 1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_latency_goodput_and_label_bounds() {
+    let cfg =
+        goodput::sim::SimConfig { ttft_ms: 20.0, tpot_ms: 2.0, output_tokens: 10, ..Default::default() };
+    let (sim_addr, sim) = goodput::sim::spawn(cfg.clone(), "127.0.0.1:0").await.unwrap();
+    let yaml = format!(
+        "backends:\n  - name: s\n    url: http://{sim_addr}\n    models: [sim-model]\nslo:\n  ttft_ms: 60\n  tpot_ms: 20\n"
+    );
+    let gp = Goodput::start(&yaml);
+    let stream_req = |model: &str| {
+        post_json(
+            "/v1/chat/completions",
+            &format!(r#"{{"model":"{model}","stream":true,"messages":[{{"role":"user","content":"hi"}}]}}"#),
+        )
+    };
+    for _ in 0..3 {
+        assert_eq!(send(gp.proxy, stream_req("sim-model")).await.status, 200);
+    }
+    sim.set_config(goodput::sim::SimConfig { ttft_ms: 150.0, ..cfg });
+    assert_eq!(send(gp.proxy, stream_req("sim-model")).await.status, 200);
+    // A model the config does not name must not become a label value.
+    assert_eq!(send(gp.proxy, stream_req("attacker-controlled-123")).await.status, 200);
+    gp.records(5).await;
+    let m = gp.metrics().await;
+    let l = [("gen_ai_request_model", "sim-model"), ("backend", "s")];
+    assert_eq!(metric(&m, "gen_ai_server_time_to_first_token_seconds_count", &l), 4.0);
+    assert_eq!(metric(&m, "goodput_slo_judged_requests_total", &l), 4.0);
+    assert_eq!(metric(&m, "goodput_slo_met_requests_total", &l), 3.0);
+    assert_eq!(metric(&m, "goodput_slo_met_output_tokens_total", &l), 30.0);
+    assert_eq!(metric(&m, "goodput_slo_judged_output_tokens_total", &l), 40.0);
+    assert_eq!(metric(&m, "gen_ai_server_time_per_output_token_seconds_count", &l), 4.0);
+    assert!(metric(&m, "goodput_inter_token_latency_seconds_count", &l) >= 4.0 * 9.0);
+    assert_eq!(metric(&m, "gen_ai_client_token_usage_count", &[("gen_ai_token_type", "output")]), 5.0);
+    assert_eq!(metric(&m, "goodput_requests_total", &[("gen_ai_request_model", "other")]), 1.0);
+    assert!(!m.contains("attacker-controlled"));
+    assert!(metric(&m, "goodput_proxy_overhead_seconds_count", &[]) >= 5.0);
+    // TTFT bucket agrees with the upstream's configured 20 ms for the fast requests.
+    let le_40ms =
+        metric(&m, "gen_ai_server_time_to_first_token_seconds_bucket", &[("le", "0.04"), ("backend", "s")]);
+    assert_eq!(le_40ms, 3.0, "{m}");
+    // Windows for the router.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let b = gp.admin_json("/admin/backends").await;
+    let w = &b["backends"][0]["window"];
+    assert_eq!(w["counts"]["requests"], 5);
+    let p50 = w["ttft"]["p50"].as_f64().unwrap();
+    assert!((0.019..0.040).contains(&p50), "windowed TTFT p50 {p50}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readiness_follows_the_upstream() {
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let gp = Goodput::start_with("", &["--upstream", &format!("http://127.0.0.1:{port}")]);
+    let get = |p: &'static str| Request::get(p).body(Full::default()).unwrap();
+    assert_eq!(send(gp.admin, get("/healthz")).await.status, 200);
+    assert_eq!(send(gp.admin, get("/readyz")).await.status, 503);
+    let (_addr, _sim) = goodput::sim::spawn(Default::default(), &format!("127.0.0.1:{port}")).await.unwrap();
+    let t = Instant::now();
+    while send(gp.admin, get("/readyz")).await.status != 200 {
+        assert!(t.elapsed() < Duration::from_secs(5), "never became ready");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
