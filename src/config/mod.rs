@@ -181,8 +181,18 @@ impl Config {
         serde_path_to_error::deserialize(de).map_err(|e| {
             let path = e.path().to_string();
             let inner = e.into_inner();
+            // The YAML error text carries its own (shorter) path and location: keep the reason.
             let mut message = inner.to_string();
+            if let Some((head, rest)) = message.split_once(": ")
+                && !head.contains(' ')
+            {
+                message = rest.to_string();
+            }
             if let Some(loc) = inner.location() {
+                let suffix = format!(" at line {} column {}", loc.line(), loc.column());
+                if let Some(m) = message.strip_suffix(&suffix) {
+                    message = m.to_string();
+                }
                 message = format!("{message} (line {}, column {})", loc.line(), loc.column());
             }
             ConfigErrors(vec![ConfigError { path, message }])

@@ -264,14 +264,20 @@ fn prompt_words(body: &Value, chat: bool) -> (u64, u64) {
                 }
             }
             Value::Array(a) => a.iter().for_each(|x| count(x, words, hash)),
-            Value::Object(o) => o.values().for_each(|x| count(x, words, hash)),
+            // Content parts: count their text, not their type tags.
+            Value::Object(o) => o.get("text").into_iter().for_each(|x| count(x, words, hash)),
             _ => {}
         }
     }
     let (mut words, mut hash) = (0, 0xcbf29ce484222325u64);
-    let key = if chat { "messages" } else { "prompt" };
-    if let Some(v) = body.get(key) {
-        count(v, &mut words, &mut hash);
+    if chat {
+        for m in body.get("messages").and_then(Value::as_array).into_iter().flatten() {
+            if let Some(c) = m.get("content") {
+                count(c, &mut words, &mut hash);
+            }
+        }
+    } else if let Some(p) = body.get("prompt") {
+        count(p, &mut words, &mut hash);
     }
     (words.max(1), hash)
 }

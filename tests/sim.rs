@@ -1,0 +1,103 @@
+//! The simulated backend, run as its own process (`goodput sim`) and in-process.
+
+mod common;
+
+use common::*;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+struct SimProc(std::process::Child, std::net::SocketAddr);
+
+impl Drop for SimProc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn sim_proc(args: &[&str]) -> SimProc {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_goodput"))
+        .args(["sim", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line.trim().rsplit("addr=").next().unwrap().parse().unwrap();
+    SimProc(child, addr)
+}
+
+fn texts(sse: &str) -> String {
+    sse.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_cli_serves_deterministic_text_usage_and_n() {
+    let sim = sim_proc(&["--seed", "7", "--ttft-ms", "5", "--tpot-ms", "1", "--output-tokens", "12"]);
+    let greedy = r#"{"model":"x","temperature":0,"stream":true,"messages":[{"role":"user","content":"same prompt"}]}"#;
+    let a = send(sim.1, post_json("/v1/chat/completions", greedy)).await.text();
+    let b = send(sim.1, post_json("/v1/chat/completions", greedy)).await.text();
+    assert_eq!(texts(&a), texts(&b), "temperature 0 and the same seed give the same text");
+    assert_eq!(texts(&a).split_whitespace().count(), 12);
+    assert!(!a.contains("\"usage\""), "no usage unless asked");
+
+    let sampled = r#"{"model":"x","temperature":1,"stream":true,"messages":[{"role":"user","content":"same prompt"}]}"#;
+    let c = send(sim.1, post_json("/v1/chat/completions", sampled)).await.text();
+    let d = send(sim.1, post_json("/v1/chat/completions", sampled)).await.text();
+    assert_ne!(texts(&c), texts(&d), "sampled requests differ");
+
+    let with_usage = r#"{"model":"x","stream":true,"stream_options":{"include_usage":true},"n":2,"max_tokens":5,"messages":[{"role":"user","content":"one two three"}]}"#;
+    let e = send(sim.1, post_json("/v1/chat/completions", with_usage)).await.text();
+    let usage: serde_json::Value = e
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .find(|v| v["choices"].as_array().is_some_and(|c| c.is_empty()))
+        .expect("usage-only chunk")["usage"]
+        .clone();
+    assert_eq!(usage["completion_tokens"], 10);
+    assert_eq!(usage["prompt_tokens"], 3);
+    assert!(e.contains("\"index\":1"));
+    assert!(e.contains("\"finish_reason\":\"length\""));
+
+    let m = send(sim.1, http::Request::get("/metrics").body(Default::default()).unwrap()).await.text();
+    assert!(m.contains("sim_cancelled_requests_total 0"), "{m}");
+    assert_eq!(metric(&m, "sim_requests_total", &[]), 5.0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_injects_errors_and_resets() {
+    let sim = sim_proc(&["--error-rate", "1"]);
+    let r = send(sim.1, post_json("/v1/completions", r#"{"prompt":"x"}"#)).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.json()["error"]["code"], 500);
+    drop(sim);
+    let sim = sim_proc(&["--reset-rate", "1", "--ttft-ms", "1", "--tpot-ms", "1"]);
+    let r = send(sim.1, post_json("/v1/completions", r#"{"prompt":"x","stream":true}"#)).await;
+    assert!(r.error.is_some(), "a reset stream does not end cleanly");
+    assert!(!r.text().contains("[DONE]"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_config_serves_from_the_in_process_sim() {
+    let demo = std::fs::read_to_string("config/demo.yaml").unwrap();
+    let gp = Goodput::start(&demo);
+    let body = r#"{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let r = send(gp.proxy, post_json("/v1/chat/completions", body)).await;
+    assert_eq!(r.status, 200);
+    assert!(r.text().ends_with("data: [DONE]\n\n"));
+    let rec = &gp.records(1).await[0];
+    assert_eq!(rec["backend"], "sim");
+    assert_eq!(rec["model"], "sim-model");
+    assert!(rec["ttft"].as_f64().unwrap() > 0.03, "demo TTFT is around 80 ms");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "gen_ai_server_time_to_first_token_seconds_count", &[("backend", "sim")]), 1.0);
+}
