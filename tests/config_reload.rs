@@ -78,7 +78,8 @@ async fn reload_applies_valid_configs_and_keeps_serving_through_invalid_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_does_not_drop_in_flight_streams() {
-    let cfg = goodput::sim::SimConfig { ttft_ms: 10.0, tpot_ms: 10.0, output_tokens: 60, ..Default::default() };
+    let cfg =
+        goodput::sim::SimConfig { ttft_ms: 10.0, tpot_ms: 10.0, output_tokens: 60, ..Default::default() };
     let (sim_addr, sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
     let base = format!("backends:\n  - name: s\n    url: http://{sim_addr}\n");
     let gp = Goodput::start(&base);

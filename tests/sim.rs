@@ -41,14 +41,16 @@ fn texts(sse: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sim_cli_serves_deterministic_text_usage_and_n() {
     let sim = sim_proc(&["--seed", "7", "--ttft-ms", "5", "--tpot-ms", "1", "--output-tokens", "12"]);
-    let greedy = r#"{"model":"x","temperature":0,"stream":true,"messages":[{"role":"user","content":"same prompt"}]}"#;
+    let greedy =
+        r#"{"model":"x","temperature":0,"stream":true,"messages":[{"role":"user","content":"same prompt"}]}"#;
     let a = send(sim.1, post_json("/v1/chat/completions", greedy)).await.text();
     let b = send(sim.1, post_json("/v1/chat/completions", greedy)).await.text();
     assert_eq!(texts(&a), texts(&b), "temperature 0 and the same seed give the same text");
     assert_eq!(texts(&a).split_whitespace().count(), 12);
     assert!(!a.contains("\"usage\""), "no usage unless asked");
 
-    let sampled = r#"{"model":"x","temperature":1,"stream":true,"messages":[{"role":"user","content":"same prompt"}]}"#;
+    let sampled =
+        r#"{"model":"x","temperature":1,"stream":true,"messages":[{"role":"user","content":"same prompt"}]}"#;
     let c = send(sim.1, post_json("/v1/chat/completions", sampled)).await.text();
     let d = send(sim.1, post_json("/v1/chat/completions", sampled)).await.text();
     assert_ne!(texts(&c), texts(&d), "sampled requests differ");

@@ -175,17 +175,15 @@ impl Proxy {
                 };
                 let info = RequestInfo::parse(&bytes);
                 let inject = cfg.usage.inject_stream_usage && info.wants_injected_usage();
-                let bytes = if inject {
-                    match inject_include_usage(&bytes, &info) {
-                        Some(b) => {
-                            self.config.metrics.usage_injected.inc();
-                            parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
-                            Bytes::from(b)
-                        }
-                        None => bytes,
+                let rewritten = if inject { inject_include_usage(&bytes, &info) } else { None };
+                let injected = rewritten.is_some();
+                let bytes = match rewritten {
+                    Some(b) => {
+                        self.config.metrics.usage_injected.inc();
+                        parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
+                        Bytes::from(b)
                     }
-                } else {
-                    bytes
+                    None => bytes,
                 };
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 let mut record = RequestRecord::placeholder();
@@ -199,7 +197,7 @@ impl Proxy {
                 record.operation = op;
                 record.stream = info.stream;
                 record.n = info.n;
-                metering = Some((record, info, inject && bytes.len() > 0));
+                metering = Some((record, info, injected));
                 Either::Left(Full::new(bytes))
             }
         };

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Install what the test suite needs beyond Rust: Prometheus (Debian's package; the tests start
+# it on a loopback port). Idempotent: does nothing when everything is already there.
+set -euo pipefail
+
+need=()
+command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
+command -v curl >/dev/null 2>&1 || need+=(curl)
+
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "setup-test-deps: installing ${need[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+# Debian's package starts a system service where systemd runs; the tests start their own.
+command -v prometheus >/dev/null
+echo "setup-test-deps: ok" >&2
