@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Side-by-side latency benchmark: the same simulated upstream (no artificial delay), the same
-# open-loop k6 load at fixed rates, direct vs through goodput, alternated REPS times so that
-# both paths see the same machine noise. Reports medians of the per-run p50/p99 and the added
-# latency (proxy - direct). Then holds 1,000 concurrent streams open and reads goodput's RSS.
+# open-loop k6 load at fixed rates, direct vs through goodput vs through nginx (the reference
+# streaming proxy), alternated REPS times so that every path sees the same machine noise.
+# Reports medians of the per-run p50/p99 and the added latency (proxy - direct). Then the
+# per-chunk forwarding latency on the wire (scripts/bench/chunk_latency.py), and finally
+# 1,000 concurrent streams held open while goodput's RSS is read.
 #
 #   scripts/bench-proxy.sh [RATES="500 1000"] [DURATION=15s] [REPS=3]
 #
@@ -24,22 +26,32 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-start() { # start CMD... ; prints the first stdout line
-  local fifo; fifo="$(mktemp -u)"; mkfifo "$fifo"
-  "$@" > "$fifo" 2>/dev/null &
+LINE=""
+start() { # start CMD... ; sets LINE to its first stdout line, appends its pid to pids
+  local log; log="$(mktemp)"
+  "$@" > "$log" 2>/dev/null &
   pids+=($!)
-  head -1 < "$fifo"
-  cat "$fifo" > /dev/null &
-  rm -f "$fifo"
+  for _ in $(seq 200); do
+    LINE="$(head -1 "$log")"
+    [ -n "$LINE" ] && return 0
+    sleep 0.05
+  done
+  echo "did not start: $*" >&2; exit 1
 }
 
-SIM_LINE="$(start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS")"
-SIM="${SIM_LINE##*addr=}"
-GP_LINE="$(start $BIN serve --upstream "http://$SIM" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0)"
+start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
+SIM="${LINE##*addr=}"
+start $BIN serve --upstream "http://$SIM" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0
+GP_LINE="$LINE"
 GP="$(echo "$GP_LINE" | sed -E 's/.*proxy=([^ ]+).*/\1/')"
 ADMIN="$(echo "$GP_LINE" | sed -E 's/.*admin=([^ ]+).*/\1/')"
 GP_PID="${pids[-1]}"
-echo "sim=$SIM goodput=$GP admin=$ADMIN k6=$K6" >&2
+NGINX_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+NGINX_WORKERS=1 scripts/bench/nginx.sh "${SIM##*:}" "$NGINX_PORT" "$PWD/$OUT/nginx" 2>/dev/null &
+pids+=($!)
+sleep 0.5
+NGX="127.0.0.1:$NGINX_PORT"
+echo "sim=$SIM goodput=$GP nginx=$NGX admin=$ADMIN k6=$K6" >&2
 
 run_k6() { # url rate stream -> json line {med, p99, dropped, failed}
   local f="$OUT/k6-$RANDOM.json"
@@ -62,8 +74,12 @@ results="$OUT/proxy-runs.jsonl"
 for stream in 0 1; do
   for rate in $RATES; do
     for rep in $(seq "$REPS"); do
-      for path in direct goodput; do
-        if [ "$path" = direct ]; then url="http://$SIM/v1/chat/completions"; else url="http://$GP/v1/chat/completions"; fi
+      for path in direct goodput nginx; do
+        case "$path" in
+          direct) url="http://$SIM/v1/chat/completions" ;;
+          goodput) url="http://$GP/v1/chat/completions" ;;
+          nginx) url="http://$NGX/v1/chat/completions" ;;
+        esac
         r="$(run_k6 "$url" "$rate" "$stream")"
         echo "{\"stream\":$stream,\"rate\":$rate,\"rep\":$rep,\"path\":\"$path\",\"k6\":$r}" | tee -a "$results" >&2
       done
@@ -71,43 +87,75 @@ for stream in 0 1; do
   done
 done
 
+# Per-chunk forwarding latency on the wire, goodput then nginx, each against direct.
+kill "${pids[@]}" 2>/dev/null || true; pids=()
+chunk_latency() { # name -> json line
+  local pf="$OUT/pport-$1"; rm -f "$pf" "$OUT/cl-$1.err"
+  python3 scripts/bench/chunk_latency.py "$pf" "${CHUNK_REQS:-150}" 32 2>"$OUT/cl-$1.err" > "$OUT/cl-$1.json" &
+  local cl=$!
+  for _ in $(seq 100); do grep -q upstream= "$OUT/cl-$1.err" 2>/dev/null && break; sleep 0.05; done
+  local up; up="$(sed -n 's/upstream=//p' "$OUT/cl-$1.err")"
+  local port; port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+  if [ "$1" = goodput ]; then
+    $BIN serve --upstream "http://127.0.0.1:$up" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 >/dev/null 2>&1 &
+  else
+    NGINX_WORKERS=1 scripts/bench/nginx.sh "$up" "$port" "$PWD/$OUT/nginx-cl" >/dev/null 2>&1 &
+  fi
+  local p=$!
+  sleep 0.5; echo "$port" > "$pf"
+  wait "$cl"; kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+}
+chunk_latency goodput
+chunk_latency nginx
+cat "$OUT/cl-goodput.json" "$OUT/cl-nginx.json" >&2
+
 # Memory with 1,000 streams open at once (slow upstream so that they overlap).
 kill "${pids[@]}" 2>/dev/null || true; pids=()
-SIM_LINE="$(start $BIN sim --listen 127.0.0.1:0 --ttft-ms 50 --tpot-ms 40 --output-tokens 300)"
-SIM="${SIM_LINE##*addr=}"
-GP_LINE="$(start $BIN serve --upstream "http://$SIM" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0)"
+start $BIN sim --listen 127.0.0.1:0 --ttft-ms 50 --tpot-ms 40 --output-tokens 300
+SIM="${LINE##*addr=}"
+start $BIN serve --upstream "http://$SIM" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0
+GP_LINE="$LINE"
 GP="$(echo "$GP_LINE" | sed -E 's/.*proxy=([^ ]+).*/\1/')"
 GP_PID="${pids[-1]}"
 ulimit -n 65536 2>/dev/null || true
 python3 scripts/bench/open_streams.py "$GP" "$GP_PID" 1000 > "$OUT/streams.json"
 cat "$OUT/streams.json" >&2
 
-python3 - "$results" "$OUT/streams.json" "$OUT/proxy.json" <<'PY'
+python3 - "$results" "$OUT/streams.json" "$OUT/proxy.json" "$OUT/cl-goodput.json" "$OUT/cl-nginx.json" <<'PY'
 import json, statistics as st, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 streams = json.load(open(sys.argv[2]))
+cl = {"goodput": json.load(open(sys.argv[4])), "nginx": json.load(open(sys.argv[5]))}
 rows = []
 for stream in (0, 1):
     for rate in sorted({r["rate"] for r in runs}):
         sel = lambda p: [r["k6"] for r in runs if r["stream"] == stream and r["rate"] == rate and r["path"] == p]
-        d, g = sel("direct"), sel("goodput")
+        d, g, x = sel("direct"), sel("goodput"), sel("nginx")
         if not d or not g:
             continue
-        md = lambda xs, k: st.median(x[k] for x in xs)
+        md = lambda xs, k: st.median(v[k] for v in xs) if xs else float("nan")
         row = {"stream": bool(stream), "rate": rate,
-               "direct_p50_ms": md(d, "med_ms"), "goodput_p50_ms": md(g, "med_ms"),
-               "direct_p99_ms": md(d, "p99_ms"), "goodput_p99_ms": md(g, "p99_ms"),
-               "dropped": sum(x["dropped"] for x in d + g), "failed": sum(x["failed"] for x in d + g)}
-        row["added_p50_ms"] = row["goodput_p50_ms"] - row["direct_p50_ms"]
-        row["added_p99_ms"] = row["goodput_p99_ms"] - row["direct_p99_ms"]
+               "direct_p50_ms": md(d, "med_ms"), "goodput_p50_ms": md(g, "med_ms"), "nginx_p50_ms": md(x, "med_ms"),
+               "direct_p99_ms": md(d, "p99_ms"), "goodput_p99_ms": md(g, "p99_ms"), "nginx_p99_ms": md(x, "p99_ms"),
+               "dropped": sum(v["dropped"] for v in d + g + x), "failed": sum(v["failed"] for v in d + g + x)}
+        for p in ("goodput", "nginx"):
+            row[f"{p}_added_p50_ms"] = row[f"{p}_p50_ms"] - row["direct_p50_ms"]
+            row[f"{p}_added_p99_ms"] = row[f"{p}_p99_ms"] - row["direct_p99_ms"]
         rows.append(row)
-json.dump({"rows": rows, "streams": streams}, open(sys.argv[3], "w"), indent=1)
-print("| mode | rate (req/s) | direct p50 | goodput p50 | added p50 | direct p99 | goodput p99 | added p99 | dropped/failed |")
-print("|---|---|---|---|---|---|---|---|---|")
+json.dump({"rows": rows, "streams": streams, "chunk_latency": cl}, open(sys.argv[3], "w"), indent=1)
+us = lambda v: f"{v * 1000:.0f} µs"
+print("| mode | rate (req/s) | direct p50 / p99 | goodput added p50 / p99 | nginx added p50 / p99 | goodput/nginx added p99 | dropped/failed |")
+print("|---|---|---|---|---|---|---|")
 for r in rows:
-    print(f"| {'stream' if r['stream'] else 'non-stream'} | {r['rate']} | {r['direct_p50_ms']:.3f} ms | {r['goodput_p50_ms']:.3f} ms | "
-          f"{r['added_p50_ms']*1000:.0f} µs | {r['direct_p99_ms']:.3f} ms | {r['goodput_p99_ms']:.3f} ms | {r['added_p99_ms']*1000:.0f} µs | "
-          f"{r['dropped']}/{r['failed']} |")
+    ratio = r["goodput_added_p99_ms"] / r["nginx_added_p99_ms"] if r["nginx_added_p99_ms"] > 0 else float("nan")
+    print(f"| {'stream' if r['stream'] else 'non-stream'} | {r['rate']} | {r['direct_p50_ms']:.3f} / {r['direct_p99_ms']:.3f} ms | "
+          f"{us(r['goodput_added_p50_ms'])} / {us(r['goodput_added_p99_ms'])} | {us(r['nginx_added_p50_ms'])} / {us(r['nginx_added_p99_ms'])} | "
+          f"{ratio:.2f} | {r['dropped']}/{r['failed']} |")
+print("\n| per-chunk added latency (on the wire, 2 ms between chunks) | p50 | p90 | p99 |")
+print("|---|---|---|---|")
+for name in ("goodput", "nginx"):
+    c = cl[name]
+    print(f"| {name} | {c['p50']['added_us']:.0f} µs | {c['p90']['added_us']:.0f} µs | {c['p99']['added_us']:.0f} µs |")
 s = streams
 print(f"\n1,000 concurrent streams: {s['open_at_once']} open at once, {s['completed']} completed, {s['failed']} failed; "
       f"goodput RSS before {s['before']['VmRSS']}, with all open {s['with_streams_open']['VmRSS']}, peak (VmHWM) {s['after']['VmHWM']}.")

