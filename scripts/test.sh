@@ -1,10 +1,16 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: install test dependencies, check formatting and lints,
-# then unit tests and black-box tests over real sockets (real Prometheus included).
+# then unit tests and black-box tests over real sockets (real Prometheus and a real LLM server
+# included).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup-test-deps.sh
+# The real upstream for the end-to-end test: llama.cpp's server, SmolLM2 and the openai SDK
+# (built once into ~/.cache/goodput; minutes on a cold cache, seconds after).
+llm="$(scripts/setup-llm.sh | tail -1)"
+read -r GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR <<< "$llm"
+export GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release --tests

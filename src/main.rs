@@ -3,13 +3,10 @@
 
 use clap::Parser;
 
-// glibc's per-thread arenas grow and shrink with mprotect under the proxy's allocation pattern
-// (thousands of syscalls per second at 1,000 req/s); mimalloc keeps that in user space.
-#[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 use goodput::cli::{Cli, Command};
 
 fn main() -> std::process::ExitCode {
+    tune_malloc();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -48,3 +45,18 @@ fn runtime(workers: Option<usize>) -> tokio::runtime::Runtime {
     }
     b.enable_all().thread_name("goodput-worker").build().expect("tokio runtime")
 }
+
+/// glibc grows and shrinks its per-thread heaps with an mprotect call each time, which under
+/// proxy load was thousands of syscalls a second. Grow in larger steps and do not give memory
+/// back below the trim threshold (RSS stays at its high-water mark; BENCHMARKS.md has both).
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn tune_malloc() {
+    // SAFETY: mallopt only sets allocator parameters; called before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_TOP_PAD, 8 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn tune_malloc() {}

@@ -1,0 +1,175 @@
+//! End to end with the real things: llama.cpp's OpenAI-compatible server serving SmolLM2-135M
+//! behind goodput, and the official openai Python SDK in front. `scripts/setup-llm.sh` installs
+//! both (cached); `scripts/test.sh` exports where they are.
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+struct Llm {
+    venv: PathBuf,
+    gguf: PathBuf,
+    tokdir: PathBuf,
+}
+
+fn llm_env() -> Llm {
+    let get = |k: &str| {
+        std::env::var_os(k).map(PathBuf::from).unwrap_or_else(|| {
+            panic!("{k} is not set: run the suite with scripts/test.sh (it runs scripts/setup-llm.sh)")
+        })
+    };
+    Llm { venv: get("GOODPUT_LLM_VENV"), gguf: get("GOODPUT_LLM_GGUF"), tokdir: get("GOODPUT_LLM_TOKDIR") }
+}
+
+struct Llama {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Drop for Llama {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+async fn start_llama(llm: &Llm) -> Llama {
+    let port = free_port();
+    let log = temp_dir("llama").join("server.log");
+    let out = std::fs::File::create(&log).unwrap();
+    let child = Command::new(llm.venv.join("bin/python"))
+        .args(["-u", "-m", "llama_cpp.server", "--model"])
+        .arg(&llm.gguf)
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--n_threads", "2", "--n_ctx", "2048", "--interrupt_requests", "False"])
+        .stdout(Stdio::from(out.try_clone().unwrap()))
+        .stderr(Stdio::from(out))
+        .spawn()
+        .expect("start llama.cpp server");
+    let llama = Llama { child, port, log };
+    let t = Instant::now();
+    loop {
+        if let Ok(s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            drop(s);
+            let r = send(
+                format!("127.0.0.1:{port}").parse().unwrap(),
+                http::Request::get("/v1/models").body(Default::default()).unwrap(),
+            )
+            .await;
+            if r.status == 200 {
+                return llama;
+            }
+        }
+        assert!(
+            t.elapsed() < Duration::from_secs(120),
+            "llama.cpp server did not start: see {}",
+            llama.log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_sdk_through_goodput_over_llama_cpp() {
+    let llm = llm_env();
+    let llama = start_llama(&llm).await;
+    let gp = Goodput::start(&format!(
+        "backends:\n  - name: llama\n    url: http://127.0.0.1:{}\n    models: [smollm2]\n    tokenizer: {}\n",
+        llama.port,
+        llm.tokdir.join("tokenizer.json").display()
+    ));
+    let out = {
+        let venv = llm.venv.clone();
+        let direct = format!("http://127.0.0.1:{}/v1", llama.port);
+        let proxy = format!("http://{}/v1", gp.proxy);
+        tokio::task::spawn_blocking(move || {
+            Command::new(venv.join("bin/python"))
+                .arg("tests/e2e/openai_client.py")
+                .args([&direct, &proxy])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap()
+    };
+    assert!(out.status.success(), "client failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let seen: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let direct = seen["direct"].as_array().unwrap();
+    let proxy = seen["proxy"].as_array().unwrap();
+
+    // 1. Identity: through goodput the SDK gets what it gets directly.
+    for (d, p) in direct.iter().zip(proxy) {
+        assert_eq!(
+            d["text"], p["text"],
+            "{} stream={}: text differs through the proxy",
+            d["kind"], d["stream"]
+        );
+        assert!(!p["text"].as_str().unwrap().is_empty());
+        assert_eq!(p["usage_seen"].as_bool().unwrap_or(false), false, "the client did not ask for usage");
+    }
+    // Same prompt at temperature 0: the stream and the non-stream answer are the same text, so
+    // the server's non-stream usage is the true token count of the streamed text.
+    for k in [0, 2] {
+        assert_eq!(proxy[k]["text"], proxy[k + 1]["text"], "stream and non-stream outputs differ");
+    }
+
+    // 2. goodput's records, in the order the proxy saw them: warm-up, 4 cases, the cancelled one.
+    let mut recs = gp.records(6).await;
+    recs.sort_by_key(|r| r["id"].as_u64().unwrap());
+    let cases = &recs[1..5];
+    for (i, (rec, client)) in cases.iter().zip(proxy).enumerate() {
+        assert_eq!(rec["stream"], client["stream"], "record {i} order");
+        assert_eq!(rec["outcome"], "ok");
+        assert_eq!(rec["model"], "smollm2");
+        if client["stream"] == true {
+            let usage = &proxy[i + 1]["usage"];
+            // llama.cpp sends no usage in streams: goodput counts with the model's tokenizer.
+            assert_eq!(rec["completion_source"], "tokenizer");
+            assert_eq!(
+                rec["completion_tokens"], usage["completion_tokens"],
+                "tokenizer count of the stream vs the server's own count"
+            );
+            let gp_ttft = rec["ttft"].as_f64().unwrap() * 1e3;
+            let cl_ttft = client["ttft_ms"].as_f64().unwrap();
+            assert!(
+                (gp_ttft - cl_ttft).abs() <= 5.0,
+                "TTFT: goodput {gp_ttft:.2} ms vs client {cl_ttft:.2} ms"
+            );
+            assert!(gp_ttft <= cl_ttft + 0.5, "the proxy cannot see the first token after the client");
+        } else {
+            assert_eq!(rec["completion_source"], "usage");
+            assert_eq!(rec["completion_tokens"], client["usage"]["completion_tokens"]);
+            assert_eq!(rec["prompt_tokens"], client["usage"]["prompt_tokens"]);
+        }
+    }
+
+    // 3. Cancellation reaches llama.cpp: the abandoned generation stops (its log says so) and
+    // the next request is served at once instead of after the rest of a 1,024-token story.
+    let cancel = &recs[5];
+    assert_eq!(cancel["outcome"], "cancelled");
+    let next_ms = seen["cancel"]["next_request_ms"].as_f64().unwrap();
+    let tpot = recs[1]["tpot"].as_f64().unwrap();
+    assert!(
+        next_ms < 200.0 * tpot * 1e3,
+        "next request took {next_ms:.0} ms: the server kept generating (TPOT {:.1} ms)",
+        tpot * 1e3
+    );
+    let t = Instant::now();
+    loop {
+        let log = std::fs::read_to_string(&llama.log).unwrap_or_default();
+        if log.contains("Disconnected from client") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "llama.cpp never logged the disconnect:\n{log}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
