@@ -94,3 +94,49 @@ async fn reload_does_not_drop_in_flight_streams() {
     assert!(r.text().ends_with("data: [DONE]\n\n"));
     assert_eq!(sim.completed(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reload_follows_a_kubernetes_configmap_symlink_swap() {
+    use std::os::unix::fs::symlink;
+    let cfg = goodput::sim::SimConfig { ttft_ms: 1.0, tpot_ms: 1.0, output_tokens: 2, ..Default::default() };
+    let (sim_addr, _sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let yaml =
+        |ttft: u32| format!("backends:\n  - name: s\n    url: http://{sim_addr}\nslo:\n  ttft_ms: {ttft}\n");
+    // The layout the kubelet writes: goodput.yaml -> ..data/goodput.yaml, ..data -> ..<timestamp>
+    let dir = temp_dir("configmap");
+    std::fs::create_dir(dir.join("..v1")).unwrap();
+    std::fs::write(dir.join("..v1/goodput.yaml"), yaml(111)).unwrap();
+    symlink("..v1", dir.join("..data")).unwrap();
+    symlink("..data/goodput.yaml", dir.join("goodput.yaml")).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_goodput"))
+        .args(["serve", "--config"])
+        .arg(dir.join("goodput.yaml"))
+        .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line)
+        .unwrap();
+    let admin: std::net::SocketAddr =
+        line.split_whitespace().find_map(|w| w.strip_prefix("admin=")).unwrap().parse().unwrap();
+    let slo = || async move {
+        let r = send(admin, http::Request::get("/admin/config").body(Default::default()).unwrap()).await;
+        r.json()["slo"]["ttft_ms"].as_f64()
+    };
+    assert_eq!(slo().await, Some(111.0));
+    // The swap: a new timestamped dir, a temporary link, renamed over ..data atomically.
+    std::fs::create_dir(dir.join("..v2")).unwrap();
+    std::fs::write(dir.join("..v2/goodput.yaml"), yaml(222)).unwrap();
+    symlink("..v2", dir.join("..data_tmp")).unwrap();
+    std::fs::rename(dir.join("..data_tmp"), dir.join("..data")).unwrap();
+    std::fs::remove_dir_all(dir.join("..v1")).unwrap();
+    let t = Instant::now();
+    while slo().await != Some(222.0) {
+        assert!(t.elapsed() < Duration::from_secs(10), "the ConfigMap swap was not picked up");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(dir);
+}

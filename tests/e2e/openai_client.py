@@ -9,16 +9,44 @@ import json, sys, time
 
 import openai
 
+try:  # openai 3.x ships its transport as httpx2; 1.x and 2.x use httpx
+    import httpx2 as httpx
+except ImportError:
+    import httpx
+
 direct_url, proxy_url = sys.argv[1], sys.argv[2]
-direct = openai.OpenAI(base_url=direct_url, api_key="none", max_retries=0, timeout=120)
-proxy = openai.OpenAI(base_url=proxy_url, api_key="none", max_retries=0, timeout=120)
+sent_at = [0.0]
+
+
+def on_request(request):
+    # The moment the SDK hands the request to the transport: the client-side start of TTFT,
+    # without the SDK's own Python work of building the request.
+    sent_at[0] = time.perf_counter()
+
+
+def client(url):
+    http = httpx.Client(event_hooks={"request": [on_request]}, timeout=120)
+    return openai.OpenAI(base_url=url, api_key="none", max_retries=0, http_client=http)
+
+
+direct = client(direct_url)
+proxy = client(proxy_url)
 MODEL = "smollm2"
 COMMON = dict(model=MODEL, temperature=0, seed=42, max_tokens=48)
 CHAT = [{"role": "user", "content": "Name three rivers in Europe and say one thing about each."}]
 PROMPT = "The three most important inventions of the nineteenth century were"
 
 
+def reset():
+    # llama.cpp reuses the KV cache of the longest common prefix with the previous request, and
+    # a differently batched prompt evaluation changes the last bits of the logits: greedy
+    # outputs can then diverge. The same unrelated request before every measured one gives each
+    # the same starting state, so direct and proxied calls are comparable.
+    direct.completions.create(model=MODEL, prompt="Reset.", max_tokens=1, temperature=0)
+
+
 def run(client, kind, stream):
+    reset()
     t0 = time.perf_counter()
     ttft = None
     if kind == "chat":
@@ -42,7 +70,7 @@ def run(client, kind, stream):
         piece = (c.delta.content if kind == "chat" else c.text) or ""
         if piece:
             if ttft is None:
-                ttft = time.perf_counter() - t0
+                ttft = time.perf_counter() - sent_at[0]
             chunks += 1
             parts.append(piece)
     e2e = time.perf_counter() - t0
