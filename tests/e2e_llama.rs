@@ -114,7 +114,7 @@ async fn openai_sdk_through_goodput_over_llama_cpp() {
             d["kind"], d["stream"]
         );
         assert!(!p["text"].as_str().unwrap().is_empty());
-        assert_eq!(p["usage_seen"].as_bool().unwrap_or(false), false, "the client did not ask for usage");
+        assert!(!p["usage_seen"].as_bool().unwrap_or(false), "the client did not ask for usage");
     }
     // Same prompt at temperature 0: the stream and the non-stream answer are the same text, so
     // the server's non-stream usage is the true token count of the streamed text.

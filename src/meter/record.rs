@@ -128,15 +128,18 @@ fn ser_dur<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> 
 }
 
 impl RequestRecord {
-    /// A record before anything is known; the proxy fills it in as the request proceeds.
-    pub fn placeholder() -> RequestRecord {
+    /// A record at the start of a request; the proxy fills in the rest as it proceeds.
+    pub fn start(id: u64, backend: Arc<str>, route: Arc<str>, model: Arc<str>, operation: Operation) -> Self {
         RequestRecord {
-            id: 0,
-            start_unix_ms: 0,
-            backend: Arc::from(""),
-            route: Arc::from(""),
-            model: Arc::from(""),
-            operation: Operation::Chat,
+            id,
+            start_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+            backend,
+            route,
+            model,
+            operation,
             stream: false,
             n: 1,
             status: 0,

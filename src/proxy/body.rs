@@ -100,8 +100,8 @@ impl MeteredBody {
             None => r.outcome,
         };
         m.in_flight.dec();
-        let record = std::mem::replace(r, RequestRecord::placeholder());
-        m.recorder.submit(record);
+        let Metering { record, recorder, .. } = *m;
+        recorder.submit(record);
     }
 
     /// The upstream body is complete: release any held bytes and emit the record.

@@ -19,7 +19,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 use crate::config::ConfigHandle;
@@ -38,6 +38,8 @@ pub struct Proxy {
     client: Client<HttpConnector, UpstreamBody>,
     ready: AtomicBool,
     next_id: AtomicU64,
+    /// The route label until routes are configurable; shared, not allocated per request.
+    default_route: Arc<str>,
 }
 
 /// An OpenAI-style error body: `{"error": {"message", "type", "code"}}`.
@@ -69,6 +71,7 @@ impl Proxy {
             client,
             ready: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
+            default_route: Arc::from("default"),
         })
     }
 
@@ -186,15 +189,9 @@ impl Proxy {
                     None => bytes,
                 };
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let mut record = RequestRecord::placeholder();
-                record.id = id;
-                record.start_unix_ms =
-                    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-                record.backend = backend.name.clone();
-                record.route = Arc::from("default");
-                record.model =
-                    backend.model_label(if info.valid_json { info.model.as_deref() } else { None });
-                record.operation = op;
+                let model = backend.model_label(if info.valid_json { info.model.as_deref() } else { None });
+                let mut record =
+                    RequestRecord::start(id, backend.name.clone(), self.default_route.clone(), model, op);
                 record.stream = info.stream;
                 record.n = info.n;
                 metering = Some((record, info, injected));
