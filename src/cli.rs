@@ -114,9 +114,10 @@ impl SimArgs {
 /// Start the proxy and admin listeners; runs until SIGTERM/SIGINT, then drains.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let metrics = Metrics::new();
-    let handle = ConfigHandle::start(args.config.clone(), args.upstream.clone(), metrics)
-        .await
-        .map_err(|e| format!("invalid config:\n{e}"))?;
+    let handle =
+        ConfigHandle::start(args.config.clone(), args.upstream.clone(), metrics.config_reloads.clone())
+            .await
+            .map_err(|e| format!("invalid config:\n{e}"))?;
     let cfg = handle.load().config.clone();
     let listen = args.listen.clone().unwrap_or(cfg.listen.clone());
     let admin_listen = args.admin_listen.clone().unwrap_or(cfg.admin_listen.clone());
@@ -129,8 +130,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let proxy_addr: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
     let admin_addr: SocketAddr = admin.local_addr().map_err(|e| e.to_string())?;
 
-    let recorder = Recorder::start(handle.clone());
-    let proxy = Proxy::new(handle.clone(), recorder);
+    let recorder = Recorder::start(handle.clone(), metrics.clone());
+    let proxy = Proxy::new(handle.clone(), recorder, metrics);
     proxy.spawn_readiness_probe();
     spawn_reloader(handle.clone());
     tokio::spawn(crate::admin::serve(admin, proxy.clone()));

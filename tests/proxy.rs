@@ -461,3 +461,61 @@ async fn readiness_follows_the_upstream() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_timeout_is_504() {
+    // A loopback listener that never accepts, with its accept queue already full: Linux then
+    // drops new SYNs, so a connect hangs until the proxy's connect timeout.
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = sock.listen(1).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut fillers = Vec::new();
+    for _ in 0..8 {
+        match tokio::time::timeout(Duration::from_millis(200), tokio::net::TcpStream::connect(addr)).await {
+            Ok(Ok(s)) => fillers.push(s),
+            _ => break,
+        }
+    }
+    let gp = Goodput::start(&format!(
+        "backends:\n  - name: up\n    url: http://{addr}\ntimeouts:\n  connect_ms: 300\n"
+    ));
+    let t = Instant::now();
+    let r = send(gp.proxy, post_json("/v1/chat/completions", r#"{"model":"m","messages":[]}"#)).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "timeout_connect");
+    assert!(t.elapsed() < Duration::from_secs(3));
+    assert_eq!(gp.records(1).await[0]["outcome"], "timeout");
+    drop(listener);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_closing_after_done_is_a_complete_request_not_a_cancellation() {
+    // The openai SDK stops reading at `data: [DONE]` and may close the connection before the
+    // chunked body's terminating bytes arrive. That request was complete.
+    let mut events = CHAT_STREAM.to_vec();
+    events.push(DONE);
+    let canned = Canned { then: Then::Stall, ..canned_sse(&events, Duration::from_millis(2)) };
+    let (up, _) = spawn_canned(vec![("/v1/chat/completions", canned)]).await;
+    let gp = Goodput::start(&config_for(up, ""));
+    let stream = tokio::net::TcpStream::connect(gp.proxy).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await.unwrap();
+    let conn_task = tokio::spawn(conn);
+    let mut req = post_json("/v1/chat/completions", r#"{"model":"m1","stream":true,"messages":[]}"#);
+    req.headers_mut().insert("host", "x".parse().unwrap());
+    let mut body = sender.send_request(req).await.unwrap().into_body();
+    use http_body_util::BodyExt;
+    let mut seen = Vec::new();
+    while !seen.ends_with(DONE.as_bytes()) {
+        let f = body.frame().await.unwrap().unwrap();
+        seen.extend_from_slice(f.data_ref().unwrap());
+    }
+    drop(body);
+    drop(sender);
+    conn_task.abort();
+    let rec = &gp.records(1).await[0];
+    assert_eq!(rec["outcome"], "ok");
+    assert_eq!(rec["finish_reason"], "stop");
+    assert_eq!(rec["slo_met"], true);
+}

@@ -38,7 +38,7 @@ pub async fn handle(proxy: &Proxy, req: Request<Incoming>) -> Response<Full<Byte
     }
     match req.uri().path() {
         "/metrics" => {
-            respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", proxy.config.metrics.encode())
+            respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", proxy.metrics.encode())
         }
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => {

@@ -11,7 +11,6 @@ use std::time::Duration;
 use tokenizers::Tokenizer;
 
 use super::{Config, ConfigError, ConfigErrors};
-use crate::meter::metrics::Metrics;
 use crate::sim::Sim;
 
 /// A backend as the hot path needs it: parsed once per config load, not per request.
@@ -62,7 +61,8 @@ pub struct ConfigHandle {
     upstream_override: Option<String>,
     last_text: std::sync::Mutex<String>,
     sims: tokio::sync::Mutex<HashMap<String, (SocketAddr, Arc<Sim>)>>,
-    pub metrics: Metrics,
+    /// `goodput_config_reloads_total{result}`, owned by the metrics registry.
+    reloads: prometheus::IntCounterVec,
 }
 
 impl ConfigHandle {
@@ -71,7 +71,7 @@ impl ConfigHandle {
     pub async fn start(
         path: Option<PathBuf>,
         upstream: Option<String>,
-        metrics: Metrics,
+        reloads: prometheus::IntCounterVec,
     ) -> Result<Arc<ConfigHandle>, ConfigErrors> {
         let (config, text) = read(path.as_ref(), upstream.as_deref())?;
         let handle = ConfigHandle {
@@ -80,7 +80,7 @@ impl ConfigHandle {
             upstream_override: upstream,
             last_text: std::sync::Mutex::new(text),
             sims: tokio::sync::Mutex::new(HashMap::new()),
-            metrics,
+            reloads,
         };
         let snap = handle.resolve(config).await?;
         handle.current.store(Arc::new(snap));
@@ -135,7 +135,7 @@ impl ConfigHandle {
                 }
             }
         };
-        self.metrics.config_reloads.with_label_values(&[result]).inc();
+        self.reloads.with_label_values(&[result]).inc();
         result
     }
 

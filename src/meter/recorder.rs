@@ -46,18 +46,18 @@ pub struct Recorder {
 }
 
 impl Recorder {
-    pub fn start(config: Arc<ConfigHandle>) -> Recorder {
+    pub fn start(config: Arc<ConfigHandle>, metrics: Metrics) -> Recorder {
         let (tx, rx) = sync_channel(QUEUE);
         let shared = Arc::new(Shared {
             windows: ArcSwap::from_pointee(HashMap::new()),
             recent: Mutex::new(VecDeque::new()),
             processed: Default::default(),
         });
-        let metrics = config.metrics.clone();
         let s2 = shared.clone();
+        let m2 = metrics.clone();
         std::thread::Builder::new()
             .name("goodput-recorder".into())
-            .spawn(move || run(rx, config, s2))
+            .spawn(move || run(rx, config, m2, s2))
             .expect("spawn recorder thread");
         Recorder { tx, metrics, shared }
     }
@@ -77,7 +77,7 @@ impl Recorder {
     }
 }
 
-fn run(rx: Receiver<RequestRecord>, config: Arc<ConfigHandle>, shared: Arc<Shared>) {
+fn run(rx: Receiver<RequestRecord>, config: Arc<ConfigHandle>, metrics: Metrics, shared: Arc<Shared>) {
     let epoch = Instant::now();
     let mut windows: HashMap<String, Window> = HashMap::new();
     let mut last_publish = Instant::now();
@@ -92,7 +92,7 @@ fn run(rx: Receiver<RequestRecord>, config: Arc<ConfigHandle>, shared: Arc<Share
                     got_any = true;
                     let snap = config.load_full();
                     finalize(&mut r, &snap);
-                    observe(&config.metrics, &r);
+                    observe(&metrics, &r);
                     let window_secs = snap.config.metrics.window_secs;
                     let w = windows.entry(r.backend.to_string()).or_insert_with(|| Window::new(window_secs));
                     if w.len_secs() != window_secs {

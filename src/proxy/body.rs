@@ -95,6 +95,9 @@ impl MeteredBody {
             m.recorder.metrics().usage_stripped.inc_by(obs.usage_chunks_removed);
         }
         r.outcome = match outcome {
+            // The stream had ended in protocol terms ([DONE] seen); a client that closes its
+            // connection before the chunked body's last bytes (the openai SDK does) got it all.
+            Some(Outcome::Cancelled) if obs.done => r.outcome,
             Some(o) => o,
             None if obs.error_event && r.status < 400 => Outcome::UpstreamError,
             None => r.outcome,

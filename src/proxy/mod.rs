@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
 use crate::config::ConfigHandle;
+use crate::meter::metrics::Metrics;
 use crate::meter::observe::ResponseMeter;
 use crate::meter::record::{Outcome, RequestRecord};
 use crate::meter::recorder::Recorder;
@@ -35,6 +36,7 @@ pub type ProxyBody = Either<MeteredBody, Full<Bytes>>;
 pub struct Proxy {
     pub config: Arc<ConfigHandle>,
     pub recorder: Recorder,
+    pub metrics: Metrics,
     client: Client<HttpConnector, UpstreamBody>,
     ready: AtomicBool,
     next_id: AtomicU64,
@@ -53,7 +55,7 @@ pub fn error_response(status: StatusCode, kind: &str, code: &str, message: &str)
 }
 
 impl Proxy {
-    pub fn new(config: Arc<ConfigHandle>, recorder: Recorder) -> Arc<Proxy> {
+    pub fn new(config: Arc<ConfigHandle>, recorder: Recorder, metrics: Metrics) -> Arc<Proxy> {
         let timeouts = config.load().config.timeouts;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -68,6 +70,7 @@ impl Proxy {
         Arc::new(Proxy {
             config,
             recorder,
+            metrics,
             client,
             ready: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
@@ -121,7 +124,7 @@ impl Proxy {
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.parse::<u64>().ok());
         if declared_len.is_some_and(|l| l > limit) {
-            self.config.metrics.body_too_large.inc();
+            self.metrics.body_too_large.inc();
             return too_large(limit);
         }
 
@@ -165,7 +168,7 @@ impl Proxy {
                     Ok(c) => c.to_bytes(),
                     Err(e) => {
                         if e.is::<http_body_util::LengthLimitError>() {
-                            self.config.metrics.body_too_large.inc();
+                            self.metrics.body_too_large.inc();
                             return too_large(limit);
                         }
                         return error_response(
@@ -182,7 +185,7 @@ impl Proxy {
                 let injected = rewritten.is_some();
                 let bytes = match rewritten {
                     Some(b) => {
-                        self.config.metrics.usage_injected.inc();
+                        self.metrics.usage_injected.inc();
                         parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
                         Bytes::from(b)
                     }
@@ -212,7 +215,7 @@ impl Proxy {
         .await;
         let t_headers = Instant::now();
         let backend_name = backend.name.clone();
-        let errors = self.config.metrics.upstream_errors.clone();
+        let errors = self.metrics.upstream_errors.clone();
 
         let resp = match result {
             Err(_) => {
@@ -269,10 +272,10 @@ impl Proxy {
                 rparts.headers.remove(header::CONTENT_LENGTH);
             }
             let itl = (sse && info.n <= 1).then(|| {
-                self.config.metrics.itl.with_label_values(&[&*record.model, &*record.backend, &*record.route])
+                self.metrics.itl.with_label_values(&[&*record.model, &*record.backend, &*record.route])
             });
             let collect_text = backend.tokenizer.is_some();
-            let in_flight = self.config.metrics.in_flight.with_label_values(&[&*record.backend]);
+            let in_flight = self.metrics.in_flight.with_label_values(&[&*record.backend]);
             in_flight.inc();
             let errors = errors.clone();
             let name = backend_name.clone();
