@@ -16,16 +16,55 @@ except ImportError:
 
 direct_url, proxy_url = sys.argv[1], sys.argv[2]
 sent_at = [0.0]
+arrivals = []  # (perf_counter, bytes) of each read of the current response body
 
 
-def on_request(request):
-    # The moment the SDK hands the request to the transport: the client-side start of TTFT,
-    # without the SDK's own Python work of building the request.
-    sent_at[0] = time.perf_counter()
+class TimedStream(httpx.SyncByteStream):
+    """Notes when each piece of the body reached the client, before the SDK parses it."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __iter__(self):
+        for chunk in self.inner:
+            arrivals.append((time.perf_counter(), chunk))
+            yield chunk
+
+    def close(self):
+        self.inner.close()
+
+
+class TimedTransport(httpx.HTTPTransport):
+    def handle_request(self, request):
+        # The client's own clock for TTFT starts when the request goes to the wire and stops
+        # when the bytes of the first content chunk arrive: the SDK's Python work (building
+        # the request, parsing events) is the client's time, not the server's or the proxy's.
+        arrivals.clear()
+        sent_at[0] = time.perf_counter()
+        resp = super().handle_request(request)
+        resp.stream = TimedStream(resp.stream)
+        return resp
+
+
+def first_content_arrival():
+    buf = b""
+    for t, chunk in arrivals:
+        buf += chunk
+        for event in buf.split(b"\n\n")[:-1]:
+            for line in event.split(b"\n"):
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                    continue
+                try:
+                    c = json.loads(line[6:])["choices"][0]
+                except (ValueError, KeyError, IndexError):
+                    continue
+                if (c.get("delta") or {}).get("content") or c.get("text"):
+                    return t
+    return None
 
 
 def client(url):
-    http = httpx.Client(event_hooks={"request": [on_request]}, timeout=120)
+    http = httpx.Client(transport=TimedTransport(), timeout=120)
     return openai.OpenAI(base_url=url, api_key="none", max_retries=0, http_client=http)
 
 
@@ -48,7 +87,6 @@ def reset():
 def run(client, kind, stream):
     reset()
     t0 = time.perf_counter()
-    ttft = None
     if kind == "chat":
         r = client.chat.completions.create(messages=CHAT, stream=stream, **COMMON)
     else:
@@ -69,11 +107,10 @@ def run(client, kind, stream):
         c = ev.choices[0]
         piece = (c.delta.content if kind == "chat" else c.text) or ""
         if piece:
-            if ttft is None:
-                ttft = time.perf_counter() - sent_at[0]
             chunks += 1
             parts.append(piece)
     e2e = time.perf_counter() - t0
+    ttft = first_content_arrival() - sent_at[0]
     return {"kind": kind, "stream": True, "text": "".join(parts), "ttft_ms": ttft * 1e3, "e2e_ms": e2e * 1e3,
             "content_chunks": chunks, "usage_seen": usage_seen}
 
