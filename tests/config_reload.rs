@@ -140,3 +140,33 @@ async fn reload_follows_a_kubernetes_configmap_symlink_swap() {
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_streams_then_exits() {
+    let cfg =
+        goodput::sim::SimConfig { ttft_ms: 10.0, tpot_ms: 10.0, output_tokens: 50, ..Default::default() };
+    let (sim_addr, sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let mut gp = Goodput::start(&format!("backends:\n  - name: s\n    url: http://{sim_addr}\n"));
+    let proxy = gp.proxy;
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    let stream = tokio::spawn(async move { send(proxy, post_json("/v1/chat/completions", body)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let pid = gp.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    // The stream in flight runs to its end (about 0.5 s) ...
+    let r = stream.await.unwrap();
+    assert!(r.error.is_none(), "the in-flight stream was cut: {:?}", r.error);
+    assert!(r.text().ends_with("data: [DONE]\n\n"));
+    assert_eq!(sim.completed(), 1);
+    // ... no new connection is accepted, and the process exits by itself.
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = gp.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "goodput did not exit after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(tokio::net::TcpStream::connect(proxy).await.is_err());
+}
