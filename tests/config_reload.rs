@@ -43,8 +43,7 @@ async fn wait_for_reloads(gp: &Goodput, result: &str, n: f64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_applies_valid_configs_and_keeps_serving_through_invalid_ones() {
-    let cfg = goodput::sim::SimConfig { ttft_ms: 1.0, tpot_ms: 1.0, output_tokens: 4, ..Default::default() };
-    let (sim_addr, _sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let (sim_addr, _sim) = spawn_sim(1.0, 1.0, 4).await;
     let base = format!("backends:\n  - name: s\n    url: http://{sim_addr}\n    models: [sim-model]\n");
     let gp = Goodput::start(&format!("{base}slo:\n  ttft_ms: 1000\n"));
     let admin_slo = |v: serde_json::Value| v["slo"]["ttft_ms"].as_f64();
@@ -78,9 +77,7 @@ async fn reload_applies_valid_configs_and_keeps_serving_through_invalid_ones() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_does_not_drop_in_flight_streams() {
-    let cfg =
-        goodput::sim::SimConfig { ttft_ms: 10.0, tpot_ms: 10.0, output_tokens: 60, ..Default::default() };
-    let (sim_addr, sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let (sim_addr, sim) = spawn_sim(10.0, 10.0, 60).await;
     let base = format!("backends:\n  - name: s\n    url: http://{sim_addr}\n");
     let gp = Goodput::start(&base);
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
@@ -98,8 +95,7 @@ async fn reload_does_not_drop_in_flight_streams() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_follows_a_kubernetes_configmap_symlink_swap() {
     use std::os::unix::fs::symlink;
-    let cfg = goodput::sim::SimConfig { ttft_ms: 1.0, tpot_ms: 1.0, output_tokens: 2, ..Default::default() };
-    let (sim_addr, _sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let (sim_addr, _sim) = spawn_sim(1.0, 1.0, 2).await;
     let yaml =
         |ttft: u32| format!("backends:\n  - name: s\n    url: http://{sim_addr}\nslo:\n  ttft_ms: {ttft}\n");
     // The layout the kubelet writes: goodput.yaml -> ..data/goodput.yaml, ..data -> ..<timestamp>
@@ -143,9 +139,7 @@ async fn reload_follows_a_kubernetes_configmap_symlink_swap() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_streams_then_exits() {
-    let cfg =
-        goodput::sim::SimConfig { ttft_ms: 10.0, tpot_ms: 10.0, output_tokens: 50, ..Default::default() };
-    let (sim_addr, sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let (sim_addr, sim) = spawn_sim(10.0, 10.0, 50).await;
     let mut gp = Goodput::start(&format!("backends:\n  - name: s\n    url: http://{sim_addr}\n"));
     let proxy = gp.proxy;
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;

@@ -38,10 +38,6 @@ impl Drop for Llama {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 async fn start_llama(llm: &Llm) -> Llama {
     let port = free_port();
     let log = temp_dir("llama").join("server.log");

@@ -17,10 +17,6 @@ impl Drop for Prom {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 fn start_prometheus(target: std::net::SocketAddr) -> (Prom, u16) {
     let bin = std::env::var("PROMETHEUS_BIN").unwrap_or_else(|_| "prometheus".into());
     let dir = temp_dir("prom");
@@ -71,8 +67,7 @@ fn scalar(v: &serde_json::Value) -> Option<f64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_ttft_and_goodput() {
-    let cfg = goodput::sim::SimConfig { ttft_ms: 30.0, tpot_ms: 2.0, output_tokens: 8, ..Default::default() };
-    let (sim_addr, _sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let (sim_addr, _sim) = spawn_sim(30.0, 2.0, 8).await;
     let gp = Goodput::start(&format!(
         "backends:\n  - name: sim\n    url: http://{sim_addr}\n    models: [sim-model]\nslo:\n  ttft_ms: 100\n"
     ));

@@ -188,9 +188,7 @@ async fn usage_injection_can_be_disabled_then_chunks_or_tokenizer_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_disconnect_cancels_upstream_within_100ms() {
-    let cfg =
-        goodput::sim::SimConfig { ttft_ms: 5.0, tpot_ms: 20.0, output_tokens: 500, ..Default::default() };
-    let (sim_addr, sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let (sim_addr, sim) = spawn_sim(5.0, 20.0, 500).await;
     let gp = Goodput::start_with("", &["--upstream", &format!("http://{sim_addr}")]);
     let stream = tokio::net::TcpStream::connect(gp.proxy).await.unwrap();
     let (mut sender, conn) =
@@ -228,10 +226,7 @@ async fn client_disconnect_cancels_upstream_within_100ms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_refused_is_502_with_openai_error() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let gp = Goodput::start_with("", &["--upstream", &format!("http://127.0.0.1:{port}")]);
     let r = send(gp.proxy, post_json("/v1/chat/completions", r#"{"model":"m","messages":[]}"#)).await;
     assert_eq!(r.status, 502);
@@ -348,8 +343,7 @@ async fn oversized_body_is_413_with_and_without_content_length() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2c_clients_are_served_and_metered() {
-    let cfg = goodput::sim::SimConfig { ttft_ms: 1.0, tpot_ms: 1.0, output_tokens: 5, ..Default::default() };
-    let (sim_addr, _sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let (sim_addr, _sim) = spawn_sim(1.0, 1.0, 5).await;
     let gp = Goodput::start_with("", &["--upstream", &format!("http://{sim_addr}")]);
     let stream = tokio::net::TcpStream::connect(gp.proxy).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
@@ -377,8 +371,7 @@ async fn h2c_clients_are_served_and_metered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streams_with_n_choices_count_every_choice() {
-    let cfg = goodput::sim::SimConfig { ttft_ms: 1.0, tpot_ms: 1.0, output_tokens: 6, ..Default::default() };
-    let (sim_addr, _sim) = goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap();
+    let (sim_addr, _sim) = spawn_sim(1.0, 1.0, 6).await;
     let gp = Goodput::start_with("", &["--upstream", &format!("http://{sim_addr}")]);
     for (stream, usage) in [(true, false), (false, true)] {
         let body = format!(r#"{{"model":"sim-model","n":3,"stream":{stream},"prompt":"a b c"}}"#);
@@ -446,10 +439,7 @@ async fn metrics_latency_goodput_and_label_bounds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_upstream() {
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let port = free_port();
     let gp = Goodput::start_with("", &["--upstream", &format!("http://127.0.0.1:{port}")]);
     let get = |p: &'static str| Request::get(p).body(Full::default()).unwrap();
     assert_eq!(send(gp.admin, get("/healthz")).await.status, 200);

@@ -102,6 +102,21 @@ impl Goodput {
     }
 }
 
+/// A loopback port nothing listens on (yet).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// The in-process simulator as an upstream, with fixed delays and output length.
+pub async fn spawn_sim(
+    ttft_ms: f64,
+    tpot_ms: f64,
+    output_tokens: u32,
+) -> (SocketAddr, std::sync::Arc<goodput::sim::Sim>) {
+    let cfg = goodput::sim::SimConfig { ttft_ms, tpot_ms, output_tokens, ..Default::default() };
+    goodput::sim::spawn(cfg, "127.0.0.1:0").await.unwrap()
+}
+
 /// Sum of all samples of `name` whose labels include every `k="v"` in `labels`.
 pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
     text.lines()
