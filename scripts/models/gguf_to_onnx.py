@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Convert a Llama-architecture GGUF (SmolLM2-135M-Instruct) to an ONNX causal LM, without torch.
 
-Graph: inputs `input_ids`, `attention_mask` (int64 [B,S]); output `logits` [B,S,V]. Positions are
+Graph: inputs `input_ids`, `attention_mask` (int64 [B,S]); outputs `logits` [B,S,V] and
+`token_logprobs` [B,S] (the log-probability of each next input token; the last position has no
+next token and is to be ignored). Positions are
 cumsum(mask) - 1, so left- or right-padded batches work. Weights are dequantized from the GGUF
 (gguf.quants) and stored as float16 initializers with a Cast to float32 in the graph, which
 onnxruntime folds at load (about 270 MB on disk). llama.cpp stores Q and K rows permuted for its
@@ -142,12 +144,20 @@ def main():
     else:  # tied embeddings: reuse the table (onnxruntime folds the Transpose at load)
         head_t = op("Transpose", [emb], perm=[1, 0])
     nodes.append(helper.make_node("MatMul", [x, head_t], ["logits"]))
+    # token_logprobs[b, s] = log p(input_ids[b, s+1] | ids[b, :s+1]); the last position is padding.
+    # Computing it in the graph spares callers the [B,S,V] logits copy (49152 floats a token).
+    lse = op("ReduceLogSumExp", ["logits"], axes=[-1], keepdims=1)
+    nxt = op("Slice", ["input_ids", sh([1]), sh([2**62]), sh([1])])
+    nxt = op("Pad", [nxt, sh([0, 0, 0, 1])], mode="constant")
+    picked = op("GatherElements", ["logits", op("Unsqueeze", [nxt, sh([-1])])], axis=2)
+    nodes.append(helper.make_node("Squeeze", [op("Sub", [picked, lse]), sh([-1])], ["token_logprobs"]))
 
     graph = helper.make_graph(
         nodes, "llama",
         [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
          helper.make_tensor_value_info("attention_mask", TensorProto.INT64, ["batch", "seq"])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "seq", vocab]),
+         helper.make_tensor_value_info("token_logprobs", TensorProto.FLOAT, ["batch", "seq"])],
         inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="goodput")
     model.ir_version = 8
