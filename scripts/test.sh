@@ -11,6 +11,12 @@ scripts/setup-test-deps.sh
 llm="$(scripts/setup-llm.sh | tail -1)"
 read -r GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR <<< "$llm"
 export GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR
+# The reference LM for perplexity (SmolLM2 converted to ONNX, seconds once the above is cached)
+# and ONNX Runtime's library from the onnxruntime wheel.
+GOODPUT_MODEL_DIR="$(scripts/setup-models.sh | tail -1)"
+ORT_DYLIB_PATH="$(scripts/setup-onnxruntime.sh | tail -1)"
+GOODPUT_MODELS_PYTHON="${GOODPUT_CACHE:-$HOME/.cache/goodput}/venv-models/bin/python"
+export GOODPUT_MODEL_DIR ORT_DYLIB_PATH GOODPUT_MODELS_PYTHON
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release --tests

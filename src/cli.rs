@@ -1,4 +1,4 @@
-//! Command-line interface: `serve`, `sim`, `check-config`.
+//! Command-line interface: `serve`, `sim`, `ppl`, `check-config`.
 
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -6,8 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::config::{ConfigHandle, spawn_reloader};
+use crate::meter::recorder::QualityLink;
 use crate::meter::{Metrics, Recorder};
 use crate::proxy::Proxy;
+use crate::quality::scorer::Scorer;
 use crate::sim::SimConfig;
 
 #[derive(Parser, Debug)]
@@ -27,6 +29,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run the simulated OpenAI-compatible backend (a test double and demo, not a model).
     Sim(SimArgs),
+    /// Perplexity of text files under a reference LM (as lm-evaluation-harness's wikitext task).
+    Ppl(PplArgs),
     /// Validate a config file and print precise errors.
     CheckConfig {
         /// The YAML config file.
@@ -54,6 +58,52 @@ pub struct ServeArgs {
     /// Tokio worker threads (default: one per CPU). A sidecar usually gets 1 or 2.
     #[arg(long, env = "GOODPUT_WORKERS")]
     pub workers: Option<usize>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PplArgs {
+    /// Directory with model.onnx and tokenizer.json (scripts/setup-models.sh prints SmolLM2's).
+    #[arg(long, env = "GOODPUT_MODEL_DIR")]
+    pub model: PathBuf,
+    /// libonnxruntime.so (default: ORT_DYLIB_PATH).
+    #[arg(long)]
+    pub onnxruntime: Option<PathBuf>,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Tokens predicted per rolling window.
+    #[arg(long, default_value_t = 2048)]
+    pub max_length: usize,
+    /// Windows per model call.
+    #[arg(long, default_value_t = 1)]
+    pub batch: usize,
+    /// ONNX Runtime intra-op threads (default: one per CPU).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// One JSON object per file: tokens, words, bytes, token_perplexity, word_perplexity,
+    /// byte_perplexity, bits_per_byte.
+    #[arg(long)]
+    pub json: bool,
+    /// Text files (UTF-8).
+    #[arg(required = true)]
+    pub files: Vec<PathBuf>,
+}
+
+pub fn ppl(args: PplArgs) -> Result<(), String> {
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let opts = crate::quality::offline::PplOptions {
+        model_dir: args.model,
+        lm: crate::quality::lm::LmOptions {
+            onnxruntime: args.onnxruntime,
+            device: args.device.parse()?,
+            allow_cpu_fallback: false,
+            intra_op_threads: threads,
+        },
+        max_length: args.max_length.max(1),
+        batch: args.batch.max(1),
+        json: args.json,
+    };
+    crate::quality::offline::run(&opts, &args.files).map_err(|e| e.to_string())
 }
 
 #[derive(Args, Debug, Clone)]
@@ -130,8 +180,18 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let proxy_addr: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
     let admin_addr: SocketAddr = admin.local_addr().map_err(|e| e.to_string())?;
 
-    let recorder = Recorder::start(handle.clone(), metrics.clone());
-    let proxy = Proxy::new(handle.clone(), recorder, metrics);
+    // The scorer loads its model (seconds) before the proxy serves: a missing model or ONNX
+    // Runtime library is a start-up error, not a silent gap in the quality metrics.
+    let (results_tx, results_rx) = std::sync::mpsc::channel();
+    let (qcfg, m2) = (cfg.quality.clone(), metrics.clone());
+    let scorer = tokio::task::spawn_blocking(move || Scorer::start(&qcfg, m2, results_tx))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("perplexity scorer: {e}"))?;
+    let scoring = scorer.is_some();
+    let quality = scorer.map(|scorer| QualityLink { scorer, results: results_rx });
+    let recorder = Recorder::start(handle.clone(), metrics.clone(), quality);
+    let proxy = Proxy::new(handle.clone(), recorder, metrics, scoring);
     proxy.spawn_readiness_probe();
     spawn_reloader(handle.clone());
     tokio::spawn(crate::admin::serve(admin, proxy.clone()));

@@ -9,4 +9,5 @@ pub mod goodput;
 pub mod meter;
 pub mod openai;
 pub mod proxy;
+pub mod quality;
 pub mod sim;

@@ -4,77 +4,11 @@
 
 mod common;
 
+use common::llama::{llm_env, start_llama};
 use common::*;
 use serde_json::Value;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
-
-struct Llm {
-    venv: PathBuf,
-    gguf: PathBuf,
-    tokdir: PathBuf,
-}
-
-fn llm_env() -> Llm {
-    let get = |k: &str| {
-        std::env::var_os(k).map(PathBuf::from).unwrap_or_else(|| {
-            panic!("{k} is not set: run the suite with scripts/test.sh (it runs scripts/setup-llm.sh)")
-        })
-    };
-    Llm { venv: get("GOODPUT_LLM_VENV"), gguf: get("GOODPUT_LLM_GGUF"), tokdir: get("GOODPUT_LLM_TOKDIR") }
-}
-
-struct Llama {
-    child: Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Drop for Llama {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn start_llama(llm: &Llm) -> Llama {
-    let port = free_port();
-    let log = temp_dir("llama").join("server.log");
-    let out = std::fs::File::create(&log).unwrap();
-    let child = Command::new(llm.venv.join("bin/python"))
-        .args(["-u", "-m", "llama_cpp.server", "--model"])
-        .arg(&llm.gguf)
-        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
-        // One generation thread: the other core stays free for the client and goodput, so that
-        // the client's own TTFT measurement is not delayed by a starved Python process.
-        .args(["--n_threads", "1", "--n_ctx", "2048", "--interrupt_requests", "False"])
-        .stdout(Stdio::from(out.try_clone().unwrap()))
-        .stderr(Stdio::from(out))
-        .spawn()
-        .expect("start llama.cpp server");
-    let llama = Llama { child, port, log };
-    let t = Instant::now();
-    loop {
-        if let Ok(s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-            drop(s);
-            let r = send(
-                format!("127.0.0.1:{port}").parse().unwrap(),
-                http::Request::get("/v1/models").body(Default::default()).unwrap(),
-            )
-            .await;
-            if r.status == 200 {
-                return llama;
-            }
-        }
-        assert!(
-            t.elapsed() < Duration::from_secs(120),
-            "llama.cpp server did not start: see {}",
-            llama.log.display()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn openai_sdk_through_goodput_over_llama_cpp() {

@@ -3,9 +3,13 @@
 //! The running config is an `ArcSwap<Config>`: the hot path loads a snapshot per request and
 //! never waits on a reload. An invalid reload is rejected and the old snapshot keeps serving.
 
+pub mod quality;
 pub mod reload;
+pub mod route;
 
+pub use quality::{Device, PerplexityConfig, QualityConfig};
 pub use reload::{ConfigHandle, spawn_reloader};
+pub use route::{Route, RouteMatch};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -26,6 +30,9 @@ pub struct Config {
     pub usage: UsageConfig,
     pub slo: Slo,
     pub metrics: MetricsConfig,
+    /// Named classes of traffic (first match wins); unmatched requests are route `default`.
+    pub routes: Vec<Route>,
+    pub quality: QualityConfig,
 }
 
 impl Default for Config {
@@ -39,6 +46,8 @@ impl Default for Config {
             usage: UsageConfig::default(),
             slo: Slo::default(),
             metrics: MetricsConfig::default(),
+            routes: Vec::new(),
+            quality: QualityConfig::default(),
         }
     }
 }
@@ -280,6 +289,8 @@ impl Config {
         if !(1..=3600).contains(&self.metrics.window_secs) {
             err("metrics.window_secs".into(), "must be between 1 and 3600".into());
         }
+        route::validate(&self.routes, &mut err);
+        self.quality.validate(&mut err);
         if errs.is_empty() { Ok(()) } else { Err(ConfigErrors(errs)) }
     }
 

@@ -46,9 +46,35 @@ impl ResolvedBackend {
 pub struct Snapshot {
     pub config: Config,
     pub backends: Vec<Arc<ResolvedBackend>>,
+    /// Route names as shared label values, in config order (index = `config.routes` index).
+    route_names: Vec<Arc<str>>,
+    default_route: Arc<str>,
+}
+
+/// What a request's route decides today: its label and its quality sample rate.
+pub struct RouteChoice {
+    pub name: Arc<str>,
+    pub sample_rate: f64,
 }
 
 impl Snapshot {
+    fn new(config: Config, backends: Vec<Arc<ResolvedBackend>>) -> Snapshot {
+        let route_names = config.routes.iter().map(|r| Arc::from(r.name.as_str())).collect();
+        Snapshot { config, backends, route_names, default_route: Arc::from("default") }
+    }
+
+    /// The first matching route, else `default` with the global sample rate.
+    pub fn route(&self, path: &str, model: Option<&str>, headers: &HeaderMap) -> RouteChoice {
+        let q = self.config.quality.sample_rate;
+        match super::route::select(&self.config.routes, path, model, headers) {
+            Some(i) => RouteChoice {
+                name: self.route_names[i].clone(),
+                sample_rate: self.config.routes[i].sample_rate.unwrap_or(q),
+            },
+            None => RouteChoice { name: self.default_route.clone(), sample_rate: q },
+        }
+    }
+
     /// The backend this request goes to. (One upstream today; routing picks among several.)
     pub fn default_backend(&self) -> &Arc<ResolvedBackend> {
         &self.backends[0]
@@ -75,7 +101,7 @@ impl ConfigHandle {
     ) -> Result<Arc<ConfigHandle>, ConfigErrors> {
         let (config, text) = read(path.as_ref(), upstream.as_deref())?;
         let handle = ConfigHandle {
-            current: ArcSwap::from_pointee(Snapshot { config: Config::default(), backends: Vec::new() }),
+            current: ArcSwap::from_pointee(Snapshot::new(Config::default(), Vec::new())),
             path,
             upstream_override: upstream,
             last_text: std::sync::Mutex::new(text),
@@ -212,7 +238,7 @@ impl ConfigHandle {
                 sim: sim_handle,
             }));
         }
-        Ok(Snapshot { config, backends })
+        Ok(Snapshot::new(config, backends))
     }
 }
 

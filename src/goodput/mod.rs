@@ -57,7 +57,10 @@ mod tests {
             content_chunks: 0,
             overhead: Duration::ZERO,
             slo_met: None,
+            perplexity: None,
+            bits_per_byte: None,
             texts: None,
+            score_request: None,
         }
     }
 

@@ -53,6 +53,24 @@ pub struct Metrics {
     pub usage_stripped: IntCounter,
     pub body_too_large: IntCounter,
     pub build_info: IntGaugeVec,
+    pub response_perplexity: HistogramVec,
+    pub response_bits_per_byte: HistogramVec,
+    pub scored: IntCounterVec,
+    pub scored_tokens: IntCounterVec,
+    pub scoring_queue_depth: prometheus::IntGauge,
+    pub scoring_dropped: IntCounterVec,
+    pub scoring_failed: IntCounterVec,
+    pub scoring_duration: Histogram,
+}
+
+/// Perplexity buckets: log-spaced, 2^(k/2) from 1 to 2^16 (perplexity is a geometric quantity).
+fn perplexity_buckets() -> Vec<f64> {
+    (0..=32).map(|k| 2f64.powf(k as f64 / 2.0)).collect()
+}
+
+/// Bits per byte: 0.05 .. ~6.4, log-spaced.
+fn bpb_buckets() -> Vec<f64> {
+    (0..=14).map(|k| 0.05 * 2f64.powf(k as f64 / 2.0)).collect()
 }
 
 fn hist(reg: &Registry, name: &str, help: &str, buckets: &[f64], labels: &[&str]) -> HistogramVec {
@@ -110,6 +128,21 @@ impl Metrics {
         .expect("valid gauge");
         reg.register(Box::new(build_info.clone())).expect("unique metric");
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        let scoring_queue_depth = prometheus::IntGauge::new(
+            "goodput_scoring_queue_depth",
+            "Sampled responses waiting for a scoring thread.",
+        )
+        .expect("valid gauge");
+        reg.register(Box::new(scoring_queue_depth.clone())).expect("unique metric");
+        let scoring_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "goodput_scoring_duration_seconds",
+                "Time a scoring thread spent on one response (tokenize, render, model run).",
+            )
+            .buckets(prometheus::exponential_buckets(0.005, 2.0, 14).expect("valid buckets")),
+        )
+        .expect("valid histogram");
+        reg.register(Box::new(scoring_duration.clone())).expect("unique metric");
         Metrics {
             ttft: hist(
                 &reg,
@@ -205,6 +238,41 @@ impl Metrics {
             ),
             body_too_large: single("goodput_request_body_too_large_total", "Requests refused with 413."),
             build_info,
+            response_perplexity: hist(
+                &reg,
+                "goodput_response_perplexity",
+                "Perplexity of scored responses under the reference LM: exp(-mean log p(response token | prompt, earlier tokens)).",
+                &perplexity_buckets(),
+                l,
+            ),
+            response_bits_per_byte: hist(
+                &reg,
+                "goodput_response_bits_per_byte",
+                "Bits per UTF-8 byte of scored responses under the reference LM: -sum log p / bytes / ln 2 (comparable across tokenizers).",
+                &bpb_buckets(),
+                l,
+            ),
+            scored: counter(&reg, "goodput_scored_responses_total", "Responses scored for perplexity.", l),
+            scored_tokens: counter(
+                &reg,
+                "goodput_scored_tokens_total",
+                "Response tokens scored for perplexity (at most max_response_tokens per response).",
+                l,
+            ),
+            scoring_queue_depth,
+            scoring_dropped: counter(
+                &reg,
+                "goodput_scoring_dropped_total",
+                "Sampled responses not scored, by reason: queue_full (scorers behind), nothing_to_score (empty response or a token-id prompt).",
+                &["reason"],
+            ),
+            scoring_failed: counter(
+                &reg,
+                "goodput_scoring_failed_total",
+                "Scoring attempts that failed (unparseable request, template or model error), by scorer.",
+                &["scorer"],
+            ),
+            scoring_duration,
             registry: reg,
         }
     }

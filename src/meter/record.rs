@@ -107,9 +107,16 @@ pub struct RequestRecord {
     pub overhead: Duration,
     /// Met every SLO; `None` when not judged (client cancellation).
     pub slo_met: Option<bool>,
-    /// Generated text per choice, kept only until tokens are counted; never serialised.
+    /// Perplexity and bits per byte under the reference LM, once a sampled response is scored.
+    pub perplexity: Option<f64>,
+    pub bits_per_byte: Option<f64>,
+    /// Generated text per choice, kept only until tokens are counted and the response is handed
+    /// to the scorer; never serialised.
     #[serde(skip)]
     pub texts: Option<Vec<String>>,
+    /// Sampled for scoring: the request body, held until the scorer takes it; never serialised.
+    #[serde(skip)]
+    pub score_request: Option<bytes::Bytes>,
 }
 
 fn ser_op<S: serde::Serializer>(op: &Operation, s: S) -> Result<S::Ok, S::Error> {
@@ -156,7 +163,10 @@ impl RequestRecord {
             content_chunks: 0,
             overhead: Duration::ZERO,
             slo_met: None,
+            perplexity: None,
+            bits_per_byte: None,
             texts: None,
+            score_request: None,
         }
     }
 

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use super::metrics::Metrics;
 use super::record::{Outcome, RequestRecord, TokenSource};
-use super::window::{Window, WindowSnapshot};
+use super::window::{QualityWindow, Window, WindowSnapshot};
 use crate::config::ConfigHandle;
+use crate::quality::scorer::{QualityResult, ScoreJob, Scorer};
 
 const QUEUE: usize = 65_536;
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
@@ -45,8 +46,14 @@ pub struct Recorder {
     pub shared: Arc<Shared>,
 }
 
+/// The scorer that sampled responses go to, and the channel its results come back on.
+pub struct QualityLink {
+    pub scorer: Scorer,
+    pub results: Receiver<QualityResult>,
+}
+
 impl Recorder {
-    pub fn start(config: Arc<ConfigHandle>, metrics: Metrics) -> Recorder {
+    pub fn start(config: Arc<ConfigHandle>, metrics: Metrics, quality: Option<QualityLink>) -> Recorder {
         let (tx, rx) = sync_channel(QUEUE);
         let shared = Arc::new(Shared {
             windows: ArcSwap::from_pointee(HashMap::new()),
@@ -57,7 +64,7 @@ impl Recorder {
         let m2 = metrics.clone();
         std::thread::Builder::new()
             .name("goodput-recorder".into())
-            .spawn(move || run(rx, config, m2, s2))
+            .spawn(move || run(rx, config, m2, s2, quality))
             .expect("spawn recorder thread");
         Recorder { tx, metrics, shared }
     }
@@ -77,9 +84,34 @@ impl Recorder {
     }
 }
 
-fn run(rx: Receiver<RequestRecord>, config: Arc<ConfigHandle>, metrics: Metrics, shared: Arc<Shared>) {
+struct BackendWindows {
+    latency: Window,
+    quality: QualityWindow,
+}
+
+fn run(
+    rx: Receiver<RequestRecord>,
+    config: Arc<ConfigHandle>,
+    metrics: Metrics,
+    shared: Arc<Shared>,
+    quality: Option<QualityLink>,
+) {
     let epoch = Instant::now();
-    let mut windows: HashMap<String, Window> = HashMap::new();
+    let mut windows: HashMap<String, BackendWindows> = HashMap::new();
+    let window_for = |windows: &mut HashMap<String, BackendWindows>,
+                      backend: &str,
+                      snap: &crate::config::reload::Snapshot| {
+        let (lat, q) = (snap.config.metrics.window_secs, snap.config.quality.window_secs);
+        let w = windows
+            .entry(backend.to_string())
+            .or_insert_with(|| BackendWindows { latency: Window::new(lat), quality: QualityWindow::new(q) });
+        if w.latency.len_secs() != lat {
+            w.latency = Window::new(lat);
+        }
+        if w.quality.len_secs() != QualityWindow::new(q).len_secs() {
+            w.quality = QualityWindow::new(q);
+        }
+    };
     let mut last_publish = Instant::now();
     loop {
         // Drain what is queued, then sleep: the hot path's try_send never has to wake this
@@ -91,14 +123,26 @@ fn run(rx: Receiver<RequestRecord>, config: Arc<ConfigHandle>, metrics: Metrics,
                 Ok(mut r) => {
                     got_any = true;
                     let snap = config.load_full();
-                    finalize(&mut r, &snap);
+                    let texts = finalize(&mut r, &snap);
                     observe(&metrics, &r);
-                    let window_secs = snap.config.metrics.window_secs;
-                    let w = windows.entry(r.backend.to_string()).or_insert_with(|| Window::new(window_secs));
-                    if w.len_secs() != window_secs {
-                        *w = Window::new(window_secs);
+                    if let (Some(request), Some(q)) = (r.score_request.take(), &quality)
+                        && r.outcome == Outcome::Ok
+                        && let Some(response) = texts.and_then(|t| t.into_iter().next())
+                    {
+                        q.scorer.offer(ScoreJob {
+                            id: r.id,
+                            backend: r.backend.clone(),
+                            model: r.model.clone(),
+                            route: r.route.clone(),
+                            operation: r.operation,
+                            request,
+                            response,
+                        });
                     }
-                    w.add(epoch.elapsed().as_secs(), &r);
+                    window_for(&mut windows, &r.backend, &snap);
+                    if let Some(w) = windows.get_mut(&*r.backend) {
+                        w.latency.add(epoch.elapsed().as_secs(), &r);
+                    }
                     let keep = snap.config.metrics.recent_records;
                     let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
                     recent.push_back(r);
@@ -112,13 +156,33 @@ fn run(rx: Receiver<RequestRecord>, config: Arc<ConfigHandle>, metrics: Metrics,
                 Err(TryRecvError::Disconnected) => return,
             }
         }
+        while let Some(res) = quality.as_ref().and_then(|q| q.results.try_recv().ok()) {
+            got_any = true;
+            let snap = config.load_full();
+            window_for(&mut windows, &res.backend, &snap);
+            if let Some(w) = windows.get_mut(&*res.backend) {
+                w.quality.add(epoch.elapsed().as_secs(), res.perplexity, res.bits_per_byte, res.tokens);
+            }
+            let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(r) = recent.iter_mut().rev().find(|r| r.id == res.id) {
+                r.perplexity = Some(res.perplexity);
+                r.bits_per_byte = Some(res.bits_per_byte);
+            }
+        }
         // Publish on a clock, not per record: windows also age when no traffic comes.
         if last_publish.elapsed() >= PUBLISH_EVERY {
             let now = epoch.elapsed().as_secs();
             let snap = config.load_full();
             // Backends that left the config leave the windows too.
             windows.retain(|name, _| snap.backends.iter().any(|b| &*b.name == name));
-            let map = windows.iter().map(|(k, w)| (k.clone(), w.snapshot(now))).collect();
+            let map = windows
+                .iter()
+                .map(|(k, w)| {
+                    let mut s = w.latency.snapshot(now);
+                    s.quality = w.quality.snapshot(now);
+                    (k.clone(), s)
+                })
+                .collect();
             shared.windows.store(Arc::new(map));
             last_publish = Instant::now();
         }
@@ -128,31 +192,27 @@ fn run(rx: Receiver<RequestRecord>, config: Arc<ConfigHandle>, metrics: Metrics,
     }
 }
 
-/// Settle token counts (tokenizer fallback), TPOT and the SLO verdict; drop the text.
-fn finalize(r: &mut RequestRecord, snap: &crate::config::reload::Snapshot) {
+/// Settle token counts (tokenizer fallback), TPOT and the SLO verdict. Returns the text, which
+/// leaves the record here: only the scorer may still need it.
+fn finalize(r: &mut RequestRecord, snap: &crate::config::reload::Snapshot) -> Option<Vec<String>> {
     let texts = r.texts.take();
-    if r.completion_tokens.is_none() {
-        let tok = snap.backends.iter().find(|b| b.name == r.backend).and_then(|b| b.tokenizer.clone());
-        match (texts, tok) {
-            (Some(texts), Some(tok)) => {
-                let mut n = 0u64;
-                for t in &texts {
-                    match tok.encode_fast(t.as_str(), false) {
-                        Ok(enc) => n += enc.len() as u64,
-                        Err(e) => tracing::debug!(error = %e, "tokenizer failed"),
-                    }
-                }
-                r.completion_tokens = Some(n);
-                r.completion_source = TokenSource::Tokenizer;
+    if matches!(r.completion_source, TokenSource::Chunks | TokenSource::None)
+        && let (Some(texts), Some(tok)) =
+            (&texts, snap.backends.iter().find(|b| b.name == r.backend).and_then(|b| b.tokenizer.clone()))
+    {
+        let mut n = 0u64;
+        for t in texts {
+            match tok.encode_fast(t.as_str(), false) {
+                Ok(enc) => n += enc.len() as u64,
+                Err(e) => tracing::debug!(error = %e, "tokenizer failed"),
             }
-            _ if r.stream && r.content_chunks > 0 => {
-                r.completion_source = TokenSource::Chunks;
-            }
-            _ => {}
         }
+        r.completion_tokens = Some(n);
+        r.completion_source = TokenSource::Tokenizer;
     }
     r.compute_tpot();
     r.slo_met = crate::goodput::judge(r, &snap.config.slo);
+    texts
 }
 
 fn observe(m: &Metrics, r: &RequestRecord) {

@@ -101,6 +101,8 @@ pub struct WindowSnapshot {
     /// slo_met / slo_judged.
     pub slo_attainment: Option<f64>,
     pub error_rate: Option<f64>,
+    /// Scored responses over the (longer) quality window.
+    pub quality: QualitySnapshot,
 }
 
 impl Window {
@@ -190,6 +192,105 @@ impl Window {
             slo_attainment: ratio(counts.slo_met, counts.slo_judged),
             error_rate: ratio(counts.errors, counts.requests),
             counts,
+            quality: QualitySnapshot::default(),
+        }
+    }
+}
+
+/// Quality scores are sparse (a sampled share of responses), so their window is longer than
+/// latency's and its slots are coarser.
+const QUALITY_SLOT_SECS: u64 = 10;
+/// Perplexity is kept in thousandths in an integer histogram.
+const PPL_SCALE: f64 = 1000.0;
+
+#[derive(Clone)]
+struct QualitySlot {
+    index: u64,
+    perplexity: Histogram<u64>,
+    bits_per_byte_sum: f64,
+    log_perplexity_sum: f64,
+    tokens: u64,
+}
+
+pub struct QualityWindow {
+    slots: Vec<QualitySlot>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct QualitySnapshot {
+    pub window_secs: u64,
+    pub scored: u64,
+    pub scored_tokens: u64,
+    pub perplexity_p50: Option<f64>,
+    pub perplexity_p90: Option<f64>,
+    pub perplexity_p95: Option<f64>,
+    /// exp(mean ln ppl): the typical perplexity, not dragged by one degenerate response.
+    pub perplexity_geomean: Option<f64>,
+    pub bits_per_byte_mean: Option<f64>,
+}
+
+impl QualityWindow {
+    pub fn new(window_secs: u64) -> QualityWindow {
+        let n = window_secs.div_ceil(QUALITY_SLOT_SECS).clamp(1, 8640) as usize;
+        let slot = QualitySlot {
+            index: u64::MAX,
+            perplexity: Histogram::new_with_bounds(1, 1_000_000_000_000, 2).expect("valid bounds"),
+            bits_per_byte_sum: 0.0,
+            log_perplexity_sum: 0.0,
+            tokens: 0,
+        };
+        QualityWindow { slots: vec![slot; n] }
+    }
+
+    pub fn len_secs(&self) -> u64 {
+        self.slots.len() as u64 * QUALITY_SLOT_SECS
+    }
+
+    pub fn add(&mut self, second: u64, perplexity: f64, bits_per_byte: f64, tokens: u64) {
+        if !(perplexity.is_finite() && perplexity >= 1.0 && bits_per_byte.is_finite()) {
+            return;
+        }
+        let index = second / QUALITY_SLOT_SECS;
+        let n = self.slots.len() as u64;
+        let s = &mut self.slots[(index % n) as usize];
+        if s.index != index {
+            s.index = index;
+            s.perplexity.reset();
+            s.bits_per_byte_sum = 0.0;
+            s.log_perplexity_sum = 0.0;
+            s.tokens = 0;
+        }
+        let _ = s.perplexity.record(((perplexity * PPL_SCALE) as u64).clamp(1, 1_000_000_000_000));
+        s.bits_per_byte_sum += bits_per_byte;
+        s.log_perplexity_sum += perplexity.ln();
+        s.tokens += tokens;
+    }
+
+    pub fn snapshot(&self, now_second: u64) -> QualitySnapshot {
+        let now = now_second / QUALITY_SLOT_SECS;
+        let n = self.slots.len() as u64;
+        let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000_000, 2).expect("valid bounds");
+        let (mut bpb, mut lnp, mut tokens) = (0.0, 0.0, 0);
+        for s in &self.slots {
+            if s.index == u64::MAX || s.index > now || now - s.index >= n {
+                continue;
+            }
+            let _ = h.add(&s.perplexity);
+            bpb += s.bits_per_byte_sum;
+            lnp += s.log_perplexity_sum;
+            tokens += s.tokens;
+        }
+        let count = h.len();
+        let q = |p: f64| (count > 0).then(|| h.value_at_quantile(p) as f64 / PPL_SCALE);
+        QualitySnapshot {
+            window_secs: self.len_secs(),
+            scored: count,
+            scored_tokens: tokens,
+            perplexity_p50: q(0.5),
+            perplexity_p90: q(0.9),
+            perplexity_p95: q(0.95),
+            perplexity_geomean: (count > 0).then(|| (lnp / count as f64).exp()),
+            bits_per_byte_mean: (count > 0).then(|| bpb / count as f64),
         }
     }
 }
@@ -224,7 +325,10 @@ mod tests {
             content_chunks: 10,
             overhead: Duration::ZERO,
             slo_met: Some(met),
+            perplexity: None,
+            bits_per_byte: None,
             texts: None,
+            score_request: None,
         }
     }
 
@@ -255,6 +359,22 @@ mod tests {
         assert_eq!(s.error_rate, Some(1.0));
         assert_eq!(s.ttft.count, 0, "errors do not enter latency quantiles");
         assert_eq!(w.snapshot(30).counts.requests, 0);
+    }
+
+    #[test]
+    fn quality_window() {
+        let mut q = QualityWindow::new(60);
+        assert_eq!(q.len_secs(), 60);
+        for (i, p) in [2.0, 8.0, 4.0].iter().enumerate() {
+            q.add(i as u64, *p, 1.0, 10);
+        }
+        q.add(3, f64::NAN, 1.0, 1);
+        let s = q.snapshot(5);
+        assert_eq!((s.scored, s.scored_tokens), (3, 30));
+        assert!((s.perplexity_geomean.unwrap() - 4.0).abs() < 1e-9);
+        assert!((s.perplexity_p50.unwrap() - 4.0).abs() < 0.05);
+        assert_eq!(s.bits_per_byte_mean, Some(1.0));
+        assert_eq!(q.snapshot(70).scored, 0, "slot 0 (seconds 0-9) left the 60 s window");
     }
 
     #[test]

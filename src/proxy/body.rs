@@ -83,13 +83,14 @@ impl MeteredBody {
                 r.completion_source = TokenSource::Usage;
             }
         }
-        if r.completion_tokens.is_none() {
-            if obs.texts.is_some() {
-                r.texts = obs.texts.take();
-            } else if r.stream && obs.content_choice_chunks > 0 {
-                r.completion_tokens = Some(obs.content_choice_chunks);
-                r.completion_source = TokenSource::Chunks;
-            }
+        // The text goes to the recorder for the tokenizer count (which replaces the chunk
+        // count) and for scoring.
+        if r.completion_tokens.is_none() || r.score_request.is_some() {
+            r.texts = obs.texts.take();
+        }
+        if r.completion_tokens.is_none() && r.stream && obs.content_choice_chunks > 0 {
+            r.completion_tokens = Some(obs.content_choice_chunks);
+            r.completion_source = TokenSource::Chunks;
         }
         if obs.usage_chunks_removed > 0 {
             m.recorder.metrics().usage_stripped.inc_by(obs.usage_chunks_removed);

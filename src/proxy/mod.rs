@@ -40,8 +40,8 @@ pub struct Proxy {
     client: Client<HttpConnector, UpstreamBody>,
     ready: AtomicBool,
     next_id: AtomicU64,
-    /// The route label until routes are configurable; shared, not allocated per request.
-    default_route: Arc<str>,
+    /// A perplexity scorer is running: sampled requests keep their body and text for it.
+    scoring: bool,
 }
 
 /// An OpenAI-style error body: `{"error": {"message", "type", "code"}}`.
@@ -55,7 +55,7 @@ pub fn error_response(status: StatusCode, kind: &str, code: &str, message: &str)
 }
 
 impl Proxy {
-    pub fn new(config: Arc<ConfigHandle>, recorder: Recorder, metrics: Metrics) -> Arc<Proxy> {
+    pub fn new(config: Arc<ConfigHandle>, recorder: Recorder, metrics: Metrics, scoring: bool) -> Arc<Proxy> {
         let timeouts = config.load().config.timeouts;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -74,7 +74,7 @@ impl Proxy {
             client,
             ready: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
-            default_route: Arc::from("default"),
+            scoring,
         })
     }
 
@@ -116,6 +116,8 @@ impl Proxy {
         let op =
             (req.method() == http::Method::POST).then(|| Operation::from_path(req.uri().path())).flatten();
         let (mut parts, body) = req.into_parts();
+        // The client's URI (the upstream's replaces it below); cloning shares its bytes.
+        let client_uri = parts.uri.clone();
         let limit = cfg.limits.max_body_bytes;
 
         let declared_len = parts
@@ -180,6 +182,22 @@ impl Proxy {
                     }
                 };
                 let info = RequestInfo::parse(&bytes);
+                let model_field = if info.valid_json { info.model.as_deref() } else { None };
+                let route = snap.route(client_uri.path(), model_field, &parts.headers);
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                // Sampling for quality: a hash and a refcount; the scoring happens elsewhere.
+                let q = &cfg.quality;
+                let score = self.scoring
+                    && info.valid_json
+                    && (crate::quality::sampler::forced(parts.headers.get(q.force_header.as_str()))
+                        || crate::quality::sampler::sampled(
+                            crate::quality::sampler::key(
+                                parts.headers.get("x-request-id").map(|v| v.as_bytes()),
+                                id,
+                            ),
+                            route.sample_rate,
+                        ));
+                let score_request = score.then(|| bytes.clone());
                 let inject = cfg.usage.inject_stream_usage && info.wants_injected_usage();
                 let rewritten = if inject { inject_include_usage(&bytes, &info) } else { None };
                 let injected = rewritten.is_some();
@@ -191,12 +209,11 @@ impl Proxy {
                     }
                     None => bytes,
                 };
-                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let model = backend.model_label(if info.valid_json { info.model.as_deref() } else { None });
-                let mut record =
-                    RequestRecord::start(id, backend.name.clone(), self.default_route.clone(), model, op);
+                let model = backend.model_label(model_field);
+                let mut record = RequestRecord::start(id, backend.name.clone(), route.name, model, op);
                 record.stream = info.stream;
                 record.n = info.n;
+                record.score_request = score_request;
                 metering = Some((record, info, injected));
                 Either::Left(Full::new(bytes))
             }
@@ -274,7 +291,7 @@ impl Proxy {
             let itl = (sse && info.n <= 1).then(|| {
                 self.metrics.itl.with_label_values(&[&*record.model, &*record.backend, &*record.route])
             });
-            let collect_text = backend.tokenizer.is_some();
+            let collect_text = backend.tokenizer.is_some() || record.score_request.is_some();
             let in_flight = self.metrics.in_flight.with_label_values(&[&*record.backend]);
             in_flight.inc();
             let errors = errors.clone();

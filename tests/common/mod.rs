@@ -1,6 +1,8 @@
 //! Test helpers: run the real `goodput` binary, upstream test doubles, an HTTP client.
 #![allow(dead_code)]
 
+pub mod llama;
+
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};

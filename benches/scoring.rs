@@ -1,0 +1,51 @@
+//! Scoring throughput of the reference LM through goodput's own path (ort + tokenizers):
+//! tokens/s at batch 1x512 and 8x128 (`cargo bench --bench scoring`). Needs GOODPUT_MODEL_DIR
+//! and ORT_DYLIB_PATH (scripts/setup-models.sh, scripts/setup-onnxruntime.sh);
+//! scripts/bench-scoring.sh runs it beside Python onnxruntime and llama.cpp on the same model.
+//! Prints one JSON line per shape: median tokens/s over BENCH_REPS runs (default 7).
+
+use goodput::config::Device;
+use goodput::quality::lm::{LmAssets, LmOptions, ReferenceLm};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+fn main() {
+    let Some(dir) = std::env::var_os("GOODPUT_MODEL_DIR").map(PathBuf::from) else {
+        eprintln!("scoring bench: GOODPUT_MODEL_DIR is not set (scripts/bench-scoring.sh sets it); skipped");
+        return;
+    };
+    let threads: usize = std::env::var("BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+    let reps: usize = std::env::var("BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
+    let assets = Arc::new(LmAssets::load(&dir).expect("model assets"));
+    let opts = LmOptions { device: Device::Cpu, intra_op_threads: threads, ..Default::default() };
+    let mut lm = ReferenceLm::load(&dir, assets, &opts).expect("model");
+    // Fixed pseudo-random ids (same generator as scripts/bench/scoring.py: LCG mod 49152).
+    let ids = |n: usize, seed: u64| -> Vec<u32> {
+        let mut x = seed;
+        (0..n)
+            .map(|_| {
+                x = (x * 6364136223846793005 + 1442695040888963407) % (1 << 63);
+                ((x >> 33) % 49_000 + 100) as u32
+            })
+            .collect()
+    };
+    for (b, s) in [(1usize, 512usize), (8, 128)] {
+        let rows: Vec<Vec<u32>> = (0..b).map(|i| ids(s, i as u64 + 1)).collect();
+        let refs: Vec<&[u32]> = rows.iter().map(|r| r.as_slice()).collect();
+        lm.next_token_logprobs(&refs).expect("warm-up run");
+        let mut rates: Vec<f64> = (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                let out = lm.next_token_logprobs(&refs).expect("run");
+                std::hint::black_box(out);
+                (b * s) as f64 / t.elapsed().as_secs_f64()
+            })
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        println!(
+            "{{\"impl\":\"goodput (ort)\",\"shape\":\"{b}x{s}\",\"threads\":{threads},\"tokens_per_s\":{:.1}}}",
+            rates[reps / 2]
+        );
+    }
+}

@@ -1,0 +1,162 @@
+//! The `quality:` section: which responses are scored, and the perplexity scorer's model.
+
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct QualityConfig {
+    /// Share of metered requests scored, chosen deterministically by request id (the
+    /// `x-request-id` header when present). Routes may override it.
+    pub sample_rate: f64,
+    /// A request carrying this header (any value but `0` or `false`) is scored whatever the rate.
+    pub force_header: String,
+    /// Responses waiting for a scoring thread; when full, new ones are dropped and counted.
+    pub queue_capacity: usize,
+    /// Length of the per-backend quality windows (scores are sparse: longer than latency's).
+    pub window_secs: u64,
+    /// The reference language model; without it nothing is scored. Read at start-up.
+    pub perplexity: Option<PerplexityConfig>,
+}
+
+impl Default for QualityConfig {
+    fn default() -> Self {
+        QualityConfig {
+            sample_rate: 0.0,
+            force_header: "x-goodput-score".into(),
+            queue_capacity: 64,
+            window_secs: 600,
+            perplexity: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PerplexityConfig {
+    /// Holds `model.onnx` and `tokenizer.json` (scripts/setup-models.sh makes SmolLM2's).
+    pub model_dir: PathBuf,
+    /// libonnxruntime.so; otherwise ORT_DYLIB_PATH (scripts/setup-onnxruntime.sh installs one).
+    #[serde(default)]
+    pub onnxruntime: Option<PathBuf>,
+    /// `cpu`, or `cuda:N` (needs a build with the `cuda` feature and onnxruntime-gpu).
+    #[serde(default = "default_device")]
+    pub device: String,
+    /// When CUDA is asked for but cannot be used: fall back to the CPU (logged) instead of
+    /// refusing to start.
+    #[serde(default)]
+    pub allow_cpu_fallback: bool,
+    /// Scoring threads, each with its own ONNX Runtime session.
+    #[serde(default = "one")]
+    pub threads: usize,
+    /// ONNX Runtime intra-op threads per session.
+    #[serde(default = "one")]
+    pub intra_op_threads: usize,
+    /// Response tokens scored at most (the rest of a longer response is not scored).
+    #[serde(default = "default_max_response")]
+    pub max_response_tokens: usize,
+    /// Prompt tokens kept as context at most (the oldest are cut).
+    #[serde(default = "default_max_prompt")]
+    pub max_prompt_tokens: usize,
+}
+
+fn default_device() -> String {
+    "cpu".into()
+}
+fn one() -> usize {
+    1
+}
+fn default_max_response() -> usize {
+    512
+}
+fn default_max_prompt() -> usize {
+    1024
+}
+
+/// Where a session runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda(i32),
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Device, String> {
+        match s {
+            "cpu" => Ok(Device::Cpu),
+            "cuda" => Ok(Device::Cuda(0)),
+            _ => s
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse::<i32>().ok())
+                .filter(|n| *n >= 0)
+                .map(Device::Cuda)
+                .ok_or_else(|| format!("`{s}` is not a device: use `cpu` or `cuda:N`")),
+        }
+    }
+}
+
+impl QualityConfig {
+    pub(super) fn validate(&self, err: &mut dyn FnMut(String, String)) {
+        if !(0.0..=1.0).contains(&self.sample_rate) {
+            err("quality.sample_rate".into(), format!("must be between 0 and 1, got {}", self.sample_rate));
+        }
+        if http::HeaderName::from_bytes(self.force_header.as_bytes()).is_err() {
+            err("quality.force_header".into(), format!("`{}` is not a header name", self.force_header));
+        }
+        if self.queue_capacity == 0 {
+            err("quality.queue_capacity".into(), "must be > 0".into());
+        }
+        if !(10..=86_400).contains(&self.window_secs) {
+            err("quality.window_secs".into(), "must be between 10 and 86400".into());
+        }
+        let Some(p) = &self.perplexity else { return };
+        if !p.model_dir.join("model.onnx").is_file() {
+            err(
+                "quality.perplexity.model_dir".into(),
+                format!("no model.onnx in {} (scripts/setup-models.sh makes one)", p.model_dir.display()),
+            );
+        }
+        if !p.model_dir.join("tokenizer.json").is_file() {
+            err(
+                "quality.perplexity.model_dir".into(),
+                format!("no tokenizer.json in {}", p.model_dir.display()),
+            );
+        }
+        if let Some(lib) = &p.onnxruntime
+            && !lib.is_file()
+        {
+            err("quality.perplexity.onnxruntime".into(), format!("no such file: {}", lib.display()));
+        }
+        if let Err(e) = p.device.parse::<Device>() {
+            err("quality.perplexity.device".into(), e);
+        }
+        if !(1..=64).contains(&p.threads) {
+            err("quality.perplexity.threads".into(), "must be between 1 and 64".into());
+        }
+        if !(1..=256).contains(&p.intra_op_threads) {
+            err("quality.perplexity.intra_op_threads".into(), "must be between 1 and 256".into());
+        }
+        for (f, v) in
+            [("max_response_tokens", p.max_response_tokens), ("max_prompt_tokens", p.max_prompt_tokens)]
+        {
+            if !(1..=131_072).contains(&v) {
+                err(format!("quality.perplexity.{f}"), "must be between 1 and 131072".into());
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn devices() {
+        assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
+        assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));
+        assert_eq!("cuda:3".parse::<Device>(), Ok(Device::Cuda(3)));
+        assert!("gpu".parse::<Device>().is_err());
+        assert!("cuda:-1".parse::<Device>().is_err());
+    }
+}

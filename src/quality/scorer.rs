@@ -1,0 +1,227 @@
+//! The scoring pipeline: sampled responses wait in a bounded queue; dedicated threads (never
+//! tokio workers), each with its own ONNX Runtime session, score them and send the results back
+//! to the recorder. A full queue drops the response and counts it: the hot path never waits.
+
+use bytes::Bytes;
+use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError, sync_channel};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use super::lm::{LmAssets, LmError, LmOptions, ReferenceLm};
+use super::ppl::Totals;
+use crate::config::QualityConfig;
+use crate::meter::metrics::Metrics;
+use crate::openai::Operation;
+
+/// One sampled response: the request body as the client sent it and choice 0's text. User data:
+/// held in memory only until scored, never logged.
+pub struct ScoreJob {
+    pub id: u64,
+    pub backend: Arc<str>,
+    pub model: Arc<str>,
+    pub route: Arc<str>,
+    pub operation: Operation,
+    pub request: Bytes,
+    pub response: String,
+}
+
+/// Numbers only: what the recorder keeps and the windows aggregate.
+#[derive(Debug, Clone)]
+pub struct QualityResult {
+    pub id: u64,
+    pub backend: Arc<str>,
+    pub model: Arc<str>,
+    pub route: Arc<str>,
+    pub perplexity: f64,
+    pub bits_per_byte: f64,
+    /// Response tokens scored (at most max_response_tokens).
+    pub tokens: u64,
+    pub truncated: bool,
+}
+
+pub struct Scorer {
+    tx: SyncSender<ScoreJob>,
+    metrics: Metrics,
+}
+
+struct Limits {
+    max_prompt: usize,
+    max_response: usize,
+}
+
+impl Scorer {
+    /// Load the reference model once per thread. Blocking (seconds): call it off the async
+    /// runtime. `None` when no perplexity model is configured.
+    pub fn start(
+        cfg: &QualityConfig,
+        metrics: Metrics,
+        results: Sender<QualityResult>,
+    ) -> Result<Option<Scorer>, LmError> {
+        let Some(p) = &cfg.perplexity else { return Ok(None) };
+        let device = p.device.parse().map_err(LmError)?;
+        let opts = LmOptions {
+            onnxruntime: p.onnxruntime.clone(),
+            device,
+            allow_cpu_fallback: p.allow_cpu_fallback,
+            intra_op_threads: p.intra_op_threads,
+        };
+        let assets = Arc::new(LmAssets::load(&p.model_dir)?);
+        let (tx, rx) = sync_channel::<ScoreJob>(cfg.queue_capacity);
+        let rx = Arc::new(Mutex::new(rx));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        for i in 0..p.threads {
+            let (dir, opts, assets, rx, results, metrics, ready) = (
+                p.model_dir.clone(),
+                opts.clone(),
+                assets.clone(),
+                rx.clone(),
+                results.clone(),
+                metrics.clone(),
+                ready_tx.clone(),
+            );
+            let limits = Limits { max_prompt: p.max_prompt_tokens, max_response: p.max_response_tokens };
+            std::thread::Builder::new()
+                .name(format!("goodput-score-{i}"))
+                .spawn(move || match ReferenceLm::load(&dir, assets, &opts) {
+                    Ok(lm) => {
+                        let _ = ready.send(Ok(lm.device));
+                        run(lm, rx, results, metrics, limits)
+                    }
+                    Err(e) => {
+                        let _ = ready.send(Err(e));
+                    }
+                })
+                .map_err(|e| LmError(format!("cannot start a scoring thread: {e}")))?;
+        }
+        drop(ready_tx);
+        for _ in 0..p.threads {
+            let device =
+                ready_rx.recv().map_err(|_| LmError("a scoring thread died while loading".into()))??;
+            tracing::info!(model = %p.model_dir.display(), ?device, "perplexity scorer ready");
+        }
+        Ok(Some(Scorer { tx, metrics }))
+    }
+
+    /// Queue a response for scoring; never blocks. Returns whether it was queued.
+    pub fn offer(&self, job: ScoreJob) -> bool {
+        match self.tx.try_send(job) {
+            Ok(()) => {
+                self.metrics.scoring_queue_depth.inc();
+                true
+            }
+            Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
+                self.metrics.scoring_dropped.with_label_values(&["queue_full"]).inc();
+                false
+            }
+        }
+    }
+}
+
+fn run(
+    mut lm: ReferenceLm,
+    rx: Arc<Mutex<Receiver<ScoreJob>>>,
+    results: Sender<QualityResult>,
+    metrics: Metrics,
+    limits: Limits,
+) {
+    loop {
+        // The lock is held only while waiting for a job, by scoring threads only.
+        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
+            Ok(j) => j,
+            Err(_) => return,
+        };
+        metrics.scoring_queue_depth.dec();
+        let t = Instant::now();
+        let labels = [&*job.model, &*job.backend, &*job.route];
+        match score_response(&mut lm, job.operation, &job.request, &job.response, &limits) {
+            Ok(Some(s)) => {
+                let p = s.totals.perplexities();
+                metrics.scoring_duration.observe(t.elapsed().as_secs_f64());
+                metrics.response_perplexity.with_label_values(&labels).observe(p.token_perplexity);
+                metrics.response_bits_per_byte.with_label_values(&labels).observe(p.bits_per_byte);
+                metrics.scored.with_label_values(&labels).inc();
+                metrics.scored_tokens.with_label_values(&labels).inc_by(p.tokens);
+                let _ = results.send(QualityResult {
+                    id: job.id,
+                    backend: job.backend.clone(),
+                    model: job.model.clone(),
+                    route: job.route.clone(),
+                    perplexity: p.token_perplexity,
+                    bits_per_byte: p.bits_per_byte,
+                    tokens: p.tokens,
+                    truncated: s.truncated,
+                });
+            }
+            Ok(None) => metrics.scoring_dropped.with_label_values(&["nothing_to_score"]).inc(),
+            Err(e) => {
+                metrics.scoring_failed.with_label_values(&["perplexity"]).inc();
+                tracing::warn!(error = %e, backend = %job.backend, "perplexity scoring failed");
+            }
+        }
+    }
+}
+
+struct Scored {
+    totals: Totals,
+    truncated: bool,
+}
+
+/// Perplexity of the response tokens conditioned on the prompt: chat messages rendered with the
+/// reference model's chat template, a completion prompt after the BOS token. `None` when there
+/// is nothing to score (empty response, or a prompt given as token ids of another tokenizer).
+fn score_response(
+    lm: &mut ReferenceLm,
+    op: Operation,
+    request: &[u8],
+    response: &str,
+    limits: &Limits,
+) -> Result<Option<Scored>, LmError> {
+    let assets = lm.assets.clone();
+    let body: serde_json::Value =
+        serde_json::from_slice(request).map_err(|e| LmError(format!("request body: {e}")))?;
+    let mut prompt = match op {
+        Operation::Chat => {
+            let text = assets
+                .template
+                .render(body.get("messages").unwrap_or(&serde_json::Value::Null))
+                .map_err(|e| LmError(format!("chat template: {e}")))?;
+            assets.encode(&text)?
+        }
+        Operation::Completion => {
+            let text = match body.get("prompt") {
+                Some(serde_json::Value::String(s)) => s.as_str(),
+                Some(serde_json::Value::Array(a)) if a.first().is_some_and(|v| v.is_string()) => {
+                    a[0].as_str().unwrap_or_default()
+                }
+                Some(serde_json::Value::Array(_)) => return Ok(None),
+                _ => "",
+            };
+            let mut ids = vec![assets.prefix_id];
+            ids.extend(assets.encode(text)?);
+            ids
+        }
+    };
+    if prompt.is_empty() {
+        prompt.push(assets.prefix_id);
+    }
+    if prompt.len() > limits.max_prompt {
+        prompt.drain(..prompt.len() - limits.max_prompt);
+    }
+    let mut resp = assets.encode(response)?;
+    if resp.is_empty() {
+        return Ok(None);
+    }
+    let truncated = resp.len() > limits.max_response;
+    let mut totals = if truncated {
+        resp.truncate(limits.max_response);
+        let kept = assets.tokenizer.decode(&resp, false).map_err(|e| LmError(format!("tokenizer: {e}")))?;
+        Totals::for_text(&kept)
+    } else {
+        Totals::for_text(response)
+    };
+    let p = prompt.len();
+    let row: Vec<u32> = prompt.into_iter().chain(resp.iter().copied()).collect();
+    let lps = lm.next_token_logprobs(&[&row])?;
+    totals.add_logprobs(&lps[0][p - 1..]);
+    Ok(Some(Scored { totals, truncated }))
+}
