@@ -22,22 +22,8 @@ K6="$(scripts/setup-bench.sh | tail -1)"
 cargo build --release --quiet
 BIN=target/release/goodput
 
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
-trap cleanup EXIT
-
-LINE=""
-start() { # start CMD... ; sets LINE to its first stdout line, appends its pid to pids
-  local log; log="$(mktemp)"
-  "$@" > "$log" 2>/dev/null &
-  pids+=($!)
-  for _ in $(seq 200); do
-    LINE="$(head -1 "$log")"
-    [ -n "$LINE" ] && return 0
-    sleep 0.05
-  done
-  echo "did not start: $*" >&2; exit 1
-}
+# shellcheck source=scripts/bench/lib.sh
+source scripts/bench/lib.sh
 
 start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
 SIM="${LINE##*addr=}"
@@ -52,22 +38,6 @@ pids+=($!)
 sleep 0.5
 NGX="127.0.0.1:$NGINX_PORT"
 echo "sim=$SIM goodput=$GP nginx=$NGX admin=$ADMIN k6=$K6" >&2
-
-run_k6() { # url rate stream -> json line {med, p99, dropped, failed}
-  local f="$OUT/k6-$RANDOM.json"
-  URL="$1" RATE="$2" STREAM="$3" DURATION="$DURATION" MAX_TOKENS="$TOKENS" \
-    "$K6" run --quiet --no-color --summary-export "$f" scripts/bench/k6-openai.js >/dev/null 2>&1 || true
-  python3 - "$f" <<'PY'
-import json, sys
-m = json.load(open(sys.argv[1]))["metrics"]
-d = m["http_req_duration"]
-print(json.dumps({"med_ms": d["med"], "p99_ms": d["p(99)"],
-                  "reqs": m["http_reqs"]["count"],
-                  "dropped": m.get("dropped_iterations", {}).get("count", 0),
-                  "failed": m["http_req_failed"]["passes"] if "passes" in m["http_req_failed"] else m["http_req_failed"].get("value", 0)}))
-PY
-  rm -f "$f"
-}
 
 results="$OUT/proxy-runs.jsonl"
 : > "$results"

@@ -256,3 +256,32 @@ async fn word_salad_scores_high_and_a_full_queue_drops_without_touching_traffic(
         assert!(p > 50.0, "word salad scored {p}");
     }
 }
+
+#[test]
+fn a_model_with_logits_only_scores_the_same() {
+    // Models exported with optimum output `logits` only: goodput then takes the log-softmax itself.
+    let m = model_env();
+    let dir = temp_dir("logits-only");
+    let script = "import onnx, sys\n\
+                  m = onnx.load(sys.argv[1])\n\
+                  keep = [o for o in m.graph.output if o.name == 'logits']\n\
+                  del m.graph.output[:]\n\
+                  m.graph.output.extend(keep)\n\
+                  onnx.save(m, sys.argv[2])\n";
+    let out = Command::new(&m.python)
+        .args(["-c", script])
+        .arg(m.dir.join("model.onnx"))
+        .arg(dir.join("model.onnx"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for f in ["tokenizer.json", "special_tokens.json", "chat_template.jinja"] {
+        std::fs::copy(m.dir.join(f), dir.join(f)).unwrap();
+    }
+    let other = Model { dir: dir.clone(), ort: m.ort.clone(), python: m.python.clone() };
+    let a = goodput_ppl(&m, &["--max-length", "128", "--batch", "2"]);
+    let b = goodput_ppl(&other, &["--max-length", "128", "--batch", "2"]);
+    let _ = std::fs::remove_dir_all(&dir);
+    let (pa, pb) = (a["token_perplexity"].as_f64().unwrap(), b["token_perplexity"].as_f64().unwrap());
+    assert!(rel(pa, pb) < 1e-4, "token_logprobs {pa} vs logits {pb}");
+}

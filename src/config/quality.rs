@@ -46,7 +46,8 @@ pub struct PerplexityConfig {
     /// refusing to start.
     #[serde(default)]
     pub allow_cpu_fallback: bool,
-    /// Scoring threads, each with its own ONNX Runtime session.
+    /// Scoring threads, each with its own ONNX Runtime session and its own copy of the weights
+    /// in memory (SmolLM2-135M: about 700 MB each): to use more CPU, prefer intra_op_threads.
     #[serde(default = "one")]
     pub threads: usize,
     /// ONNX Runtime intra-op threads per session.

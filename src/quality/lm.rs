@@ -76,7 +76,12 @@ pub struct LmOptions {
 
 impl Default for LmOptions {
     fn default() -> Self {
-        LmOptions { onnxruntime: None, device: Device::Cpu, allow_cpu_fallback: false, intra_op_threads: 1 }
+        LmOptions {
+            onnxruntime: None,
+            device: Device::Cpu,
+            allow_cpu_fallback: false,
+            intra_op_threads: 1,
+        }
     }
 }
 
@@ -253,7 +258,7 @@ impl ReferenceLm {
 
 fn open(env: &Environment, model: &Path, opts: &LmOptions, device: Device) -> Result<Session, LmError> {
     let mut b = Session::builder(env)?
-        .with_optimization_level(GraphOptimizationLevel::Level3)?
+        .with_optimization_level(GraphOptimizationLevel::All)?
         .with_intra_threads(opts.intra_op_threads)?
         // Spinning threads would take CPU from the proxy while waiting for work.
         .with_intra_op_spinning(false)?;

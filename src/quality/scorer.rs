@@ -59,6 +59,8 @@ impl Scorer {
     ) -> Result<Option<Scorer>, LmError> {
         let Some(p) = &cfg.perplexity else { return Ok(None) };
         let device = p.device.parse().map_err(LmError)?;
+        // ONNX Runtime is loaded once, before any other ort call, with a clear error if missing.
+        super::lm::environment(p.onnxruntime.as_deref())?;
         let opts = LmOptions {
             onnxruntime: p.onnxruntime.clone(),
             device,
@@ -82,13 +84,16 @@ impl Scorer {
             let limits = Limits { max_prompt: p.max_prompt_tokens, max_response: p.max_response_tokens };
             std::thread::Builder::new()
                 .name(format!("goodput-score-{i}"))
-                .spawn(move || match ReferenceLm::load(&dir, assets, &opts) {
-                    Ok(lm) => {
-                        let _ = ready.send(Ok(lm.device));
-                        run(lm, rx, results, metrics, limits)
-                    }
-                    Err(e) => {
-                        let _ = ready.send(Err(e));
+                .spawn(move || {
+                    lower_priority();
+                    match ReferenceLm::load(&dir, assets, &opts) {
+                        Ok(lm) => {
+                            let _ = ready.send(Ok(lm.device));
+                            run(lm, rx, results, metrics, limits)
+                        }
+                        Err(e) => {
+                            let _ = ready.send(Err(e));
+                        }
                     }
                 })
                 .map_err(|e| LmError(format!("cannot start a scoring thread: {e}")))?;
@@ -112,6 +117,23 @@ impl Scorer {
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.metrics.scoring_dropped.with_label_values(&["queue_full"]).inc();
                 false
+            }
+        }
+    }
+}
+
+/// Scoring yields the CPU to the proxy: this thread, and the ONNX Runtime threads its session
+/// creates (they inherit it), run under SCHED_IDLE, so that any proxy thread that wakes up
+/// preempts them at once (nice 19 where SCHED_IDLE is refused).
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: both calls only change this thread's own scheduling; pid 0 / its tid is itself.
+    unsafe {
+        let param = libc::sched_param { sched_priority: 0 };
+        if libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) != 0 {
+            let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+            if libc::setpriority(libc::PRIO_PROCESS, tid, 19) != 0 {
+                tracing::debug!("could not lower the scoring thread's priority");
             }
         }
     }

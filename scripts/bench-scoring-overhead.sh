@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Does scoring cost the proxy latency? The same simulated upstream (no artificial delay) and the
+# same open-loop k6 load, direct vs goodput without scoring vs goodput scoring 100% of requests
+# (perplexity on one niced scoring thread; what it cannot keep up with is dropped and counted),
+# alternated REPS times. A fresh goodput per run, so that no scoring backlog spills over.
+#
+#   scripts/bench-scoring-overhead.sh [RATE=200] [DURATION=15s] [REPS=3]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RATE="${RATE:-200}"
+DURATION="${DURATION:-15s}"
+REPS="${REPS:-3}"
+TOKENS="${TOKENS:-16}"
+OUT=target/bench
+mkdir -p "$OUT"
+K6="$(scripts/setup-bench.sh | tail -1)"
+MODEL="$(scripts/setup-models.sh | tail -1)"
+ORT="$(scripts/setup-onnxruntime.sh | tail -1)"
+cargo build --release --quiet
+BIN=target/release/goodput
+# shellcheck source=scripts/bench/lib.sh
+source scripts/bench/lib.sh
+
+start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
+SIM="${LINE##*addr=}"
+printf 'backends:\n  - name: sim\n    url: http://%s\n    models: [sim-model]\n' "$SIM" > "$OUT/plain.yaml"
+cp "$OUT/plain.yaml" "$OUT/scored.yaml"
+printf 'quality:\n  sample_rate: 1.0\n  queue_capacity: 16\n  perplexity:\n    model_dir: %s\n    onnxruntime: %s\n' \
+  "$MODEL" "$ORT" >> "$OUT/scored.yaml"
+
+results="$OUT/scoring-overhead-runs.jsonl"
+: > "$results"
+for stream in 0 1; do
+  for rep in $(seq "$REPS"); do
+    for path in direct plain scored; do
+      extra='{}'
+      if [ "$path" = direct ]; then
+        r="$(run_k6 "http://$SIM/v1/chat/completions" "$RATE" "$stream")"
+      else
+        start $BIN serve --config "$OUT/$path.yaml" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0
+        gp_pid="${pids[-1]}"
+        GP="$(echo "$LINE" | sed -E 's/.*proxy=([^ ]+).*/\1/')"
+        ADMIN="$(echo "$LINE" | sed -E 's/.*admin=([^ ]+).*/\1/')"
+        r="$(run_k6 "http://$GP/v1/chat/completions" "$RATE" "$stream")"
+        extra="$(curl -s "http://$ADMIN/metrics" | python3 -c '
+import json, sys
+v = {"scored": 0.0, "dropped": 0.0}
+for l in sys.stdin:
+    if l.startswith("goodput_scored_responses_total"): v["scored"] += float(l.split()[-1])
+    if l.startswith("goodput_scoring_dropped_total"): v["dropped"] += float(l.split()[-1])
+print(json.dumps(v))')"
+        kill "$gp_pid"; wait "$gp_pid" 2>/dev/null || true
+      fi
+      echo "{\"stream\":$stream,\"rep\":$rep,\"path\":\"$path\",\"k6\":$r,\"scoring\":$extra}" | tee -a "$results" >&2
+    done
+  done
+done
+
+python3 - "$results" "$RATE" <<'PY'
+import json, statistics as st, sys
+runs = [json.loads(l) for l in open(sys.argv[1])]
+print(f"| mode | rate | direct p50 / p99 | no scoring: added p50 / p99 | 100% scored: added p50 / p99 | scored ÷ no scoring, added p99 | scored / dropped per run |")
+print("|---|---|---|---|---|---|---|")
+for stream in (0, 1):
+    sel = lambda p: [r for r in runs if r["stream"] == stream and r["path"] == p]
+    md = lambda xs, k: st.median(r["k6"][k] for r in xs)
+    d, pl, sc = sel("direct"), sel("plain"), sel("scored")
+    us = lambda v: f"{v * 1000:.0f} µs"
+    ap50, ap99 = md(pl, "med_ms") - md(d, "med_ms"), md(pl, "p99_ms") - md(d, "p99_ms")
+    sp50, sp99 = md(sc, "med_ms") - md(d, "med_ms"), md(sc, "p99_ms") - md(d, "p99_ms")
+    counts = ", ".join(f"{r['scoring']['scored']:.0f}/{r['scoring']['dropped']:.0f}" for r in sc)
+    ratio = sp99 / ap99 if ap99 > 0 else float("nan")
+    print(f"| {'stream' if stream else 'non-stream'} | {sys.argv[2]} | {md(d, 'med_ms'):.3f} / {md(d, 'p99_ms'):.3f} ms | "
+          f"{us(ap50)} / {us(ap99)} | {us(sp50)} / {us(sp99)} | {ratio:.2f} | {counts} |")
+PY
