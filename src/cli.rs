@@ -8,7 +8,7 @@ use std::time::Duration;
 use crate::config::{ConfigHandle, spawn_reloader};
 use crate::meter::recorder::QualityLink;
 use crate::meter::{Metrics, Recorder};
-use crate::proxy::Proxy;
+use crate::proxy::{Proxy, Sampling};
 use crate::quality::scorer::Scorer;
 use crate::sim::SimConfig;
 
@@ -183,15 +183,23 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     // The scorer loads its model (seconds) before the proxy serves: a missing model or ONNX
     // Runtime library is a start-up error, not a silent gap in the quality metrics.
     let (results_tx, results_rx) = std::sync::mpsc::channel();
+    let results_tx_c = results_tx.clone();
     let (qcfg, m2) = (cfg.quality.clone(), metrics.clone());
     let scorer = tokio::task::spawn_blocking(move || Scorer::start(&qcfg, m2, results_tx))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("perplexity scorer: {e}"))?;
-    let scoring = scorer.is_some();
-    let quality = scorer.map(|scorer| QualityLink { scorer, results: results_rx });
+    let checker = cfg.quality.consistency.clone().map(|c| {
+        crate::quality::consistency::Checker::start(c, handle.clone(), metrics.clone(), results_tx_c)
+    });
+    let sampling = Sampling { perplexity: scorer.is_some(), consistency: checker.is_some() };
+    let quality = (sampling.perplexity || sampling.consistency).then(|| QualityLink {
+        scorer,
+        checker: checker.clone(),
+        results: results_rx,
+    });
     let recorder = Recorder::start(handle.clone(), metrics.clone(), quality);
-    let proxy = Proxy::new(handle.clone(), recorder, metrics, scoring);
+    let proxy = Proxy::new(handle.clone(), recorder, metrics, sampling);
     proxy.spawn_readiness_probe();
     spawn_reloader(handle.clone());
     tokio::spawn(crate::admin::serve(admin, proxy.clone()));
@@ -200,7 +208,14 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     tracing::info!(%proxy_addr, %admin_addr, backends = handle.load().backends.len(), "goodput serving");
 
     let grace = Duration::from_secs(args.shutdown_grace_secs);
-    crate::proxy::serve(listener, proxy, shutdown_signal(), grace).await;
+    // Shadow requests stop at once on shutdown (their connections close: the server aborts them).
+    let shutdown = async move {
+        shutdown_signal().await;
+        if let Some(c) = checker {
+            c.cancel();
+        }
+    };
+    crate::proxy::serve(listener, proxy, shutdown, grace).await;
     tracing::info!("shut down");
     Ok(())
 }

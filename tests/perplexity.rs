@@ -283,5 +283,7 @@ fn a_model_with_logits_only_scores_the_same() {
     let b = goodput_ppl(&other, &["--max-length", "128", "--batch", "2"]);
     let _ = std::fs::remove_dir_all(&dir);
     let (pa, pb) = (a["token_perplexity"].as_f64().unwrap(), b["token_perplexity"].as_f64().unwrap());
-    assert!(rel(pa, pb) < 1e-4, "token_logprobs {pa} vs logits {pb}");
+    // f32 log-sum-exp in the graph vs f64 in goodput: equal to 0.1% (a shift by one token would
+    // not be).
+    assert!(rel(pa, pb) < 1e-3, "token_logprobs {pa} vs logits {pb}");
 }

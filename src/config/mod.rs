@@ -7,7 +7,7 @@ pub mod quality;
 pub mod reload;
 pub mod route;
 
-pub use quality::{Device, PerplexityConfig, QualityConfig};
+pub use quality::{ConsistencyConfig, Device, Method, PerplexityConfig, QualityConfig};
 pub use reload::{ConfigHandle, spawn_reloader};
 pub use route::{Route, RouteMatch};
 
@@ -288,6 +288,11 @@ impl Config {
         }
         if !(1..=3600).contains(&self.metrics.window_secs) {
             err("metrics.window_secs".into(), "must be between 1 and 3600".into());
+        }
+        if let Some(j) = self.quality.consistency.as_ref().and_then(|c| c.judge_backend.as_ref())
+            && !self.backends.iter().any(|b| &b.name == j)
+        {
+            err("quality.consistency.judge_backend".into(), format!("no backend named `{j}`"));
         }
         route::validate(&self.routes, &mut err);
         self.quality.validate(&mut err);

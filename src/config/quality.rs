@@ -15,8 +15,10 @@ pub struct QualityConfig {
     pub queue_capacity: usize,
     /// Length of the per-backend quality windows (scores are sparse: longer than latency's).
     pub window_secs: u64,
-    /// The reference language model; without it nothing is scored. Read at start-up.
+    /// The reference language model; without it no perplexity is scored. Read at start-up.
     pub perplexity: Option<PerplexityConfig>,
+    /// SelfCheckGPT-style consistency checks by shadow re-sampling; without it none run.
+    pub consistency: Option<ConsistencyConfig>,
 }
 
 impl Default for QualityConfig {
@@ -27,6 +29,7 @@ impl Default for QualityConfig {
             queue_capacity: 64,
             window_secs: 600,
             perplexity: None,
+            consistency: None,
         }
     }
 }
@@ -74,6 +77,100 @@ fn default_max_prompt() -> usize {
     1024
 }
 
+/// A consistency scoring method.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Method {
+    /// SelfCheck-Unigram: -log p of each sentence's tokens under a unigram model of the samples.
+    Unigram,
+    /// SelfCheck-Prompt: a judge answers whether each sample supports each sentence.
+    Prompt,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ConsistencyConfig {
+    /// Share of metered requests checked (deterministic by request id, like `sample_rate`; the
+    /// force header forces it too). Each check costs `samples` more generations upstream.
+    #[serde(default = "default_consistency_rate")]
+    pub sample_rate: f64,
+    /// K: shadow re-samples of the same prompt, from the same backend.
+    #[serde(default = "default_samples")]
+    pub samples: usize,
+    /// Temperature of the re-samples (SelfCheckGPT's setting).
+    #[serde(default = "default_temperature")]
+    pub temperature: f64,
+    /// Output tokens per re-sample at most (the original's max_tokens when lower).
+    #[serde(default = "default_shadow_max_tokens")]
+    pub max_tokens: u64,
+    /// Methods run on every check; the first is the one the hallucination score comes from.
+    #[serde(default = "default_methods")]
+    pub methods: Vec<Method>,
+    /// The backend that judges for `prompt` (default: the request's own backend).
+    #[serde(default)]
+    pub judge_backend: Option<String>,
+    /// The model named in judge requests (default: the request's model).
+    #[serde(default)]
+    pub judge_model: Option<String>,
+    /// Response sentences judged at most per check (`prompt` costs samples x sentences calls).
+    #[serde(default = "default_max_sentences")]
+    pub max_sentences: usize,
+    /// Shadow tokens (re-samples and judge calls) may be at most this share of the user
+    /// traffic's tokens since start; a check that would exceed it is skipped and counted.
+    #[serde(default = "default_token_share")]
+    pub max_token_share: f64,
+    /// Shadow requests in flight at most, over all checks.
+    #[serde(default = "default_concurrent")]
+    pub max_concurrent: usize,
+    /// Checks waiting to start; when full, new ones are dropped and counted.
+    #[serde(default = "default_consistency_queue")]
+    pub queue_capacity: usize,
+    /// vLLM's `priority` field for shadow requests (with --scheduling-policy priority a larger
+    /// value is served later); not sent when absent.
+    #[serde(default)]
+    pub priority: Option<i64>,
+    /// A response whose hallucination score exceeds this counts as hallucinated.
+    #[serde(default = "default_threshold")]
+    pub threshold: f64,
+    /// Per shadow request: headers, then the whole body.
+    #[serde(default = "default_shadow_timeout")]
+    pub timeout_ms: u64,
+}
+
+fn default_consistency_rate() -> f64 {
+    0.01
+}
+fn default_samples() -> usize {
+    3
+}
+fn default_temperature() -> f64 {
+    1.0
+}
+fn default_shadow_max_tokens() -> u64 {
+    256
+}
+fn default_methods() -> Vec<Method> {
+    vec![Method::Unigram]
+}
+fn default_max_sentences() -> usize {
+    8
+}
+fn default_token_share() -> f64 {
+    0.2
+}
+fn default_concurrent() -> usize {
+    2
+}
+fn default_consistency_queue() -> usize {
+    16
+}
+fn default_threshold() -> f64 {
+    0.5
+}
+fn default_shadow_timeout() -> u64 {
+    120_000
+}
+
 /// Where a session runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Device {
@@ -110,6 +207,36 @@ impl QualityConfig {
         }
         if !(10..=86_400).contains(&self.window_secs) {
             err("quality.window_secs".into(), "must be between 10 and 86400".into());
+        }
+        if let Some(c) = &self.consistency {
+            let p = "quality.consistency";
+            if !(0.0..=1.0).contains(&c.sample_rate) {
+                err(format!("{p}.sample_rate"), format!("must be between 0 and 1, got {}", c.sample_rate));
+            }
+            if !(1..=20).contains(&c.samples) {
+                err(format!("{p}.samples"), "must be between 1 and 20".into());
+            }
+            if !(c.temperature.is_finite() && (0.0..=2.0).contains(&c.temperature)) {
+                err(format!("{p}.temperature"), "must be between 0 and 2".into());
+            }
+            if c.max_tokens == 0 {
+                err(format!("{p}.max_tokens"), "must be > 0".into());
+            }
+            if c.methods.is_empty() {
+                err(format!("{p}.methods"), "name at least one of unigram, prompt".into());
+            }
+            if c.max_sentences == 0 || c.max_concurrent == 0 || c.queue_capacity == 0 || c.timeout_ms == 0 {
+                err(
+                    p.into(),
+                    "max_sentences, max_concurrent, queue_capacity and timeout_ms must be > 0".into(),
+                );
+            }
+            if !(c.max_token_share.is_finite() && c.max_token_share >= 0.0) {
+                err(format!("{p}.max_token_share"), "must be >= 0".into());
+            }
+            if !(0.0..=1.0).contains(&c.threshold) {
+                err(format!("{p}.threshold"), "must be between 0 and 1".into());
+            }
         }
         let Some(p) = &self.perplexity else { return };
         if !p.model_dir.join("model.onnx").is_file() {

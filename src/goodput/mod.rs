@@ -60,7 +60,11 @@ mod tests {
             perplexity: None,
             bits_per_byte: None,
             texts: None,
+            hallucination_score: None,
+            sentence_scores: None,
             score_request: None,
+            sample_perplexity: false,
+            sample_consistency: false,
         }
     }
 

@@ -61,6 +61,13 @@ pub struct Metrics {
     pub scoring_dropped: IntCounterVec,
     pub scoring_failed: IntCounterVec,
     pub scoring_duration: Histogram,
+    pub shadow_requests: IntCounterVec,
+    pub shadow_tokens: IntCounterVec,
+    pub shadow_skipped: IntCounterVec,
+    pub consistency_score: HistogramVec,
+    pub consistency_checked: IntCounterVec,
+    pub consistency_hallucinated: IntCounterVec,
+    pub consistency_failed: IntCounter,
 }
 
 /// Perplexity buckets: log-spaced, 2^(k/2) from 1 to 2^16 (perplexity is a geometric quantity).
@@ -273,6 +280,47 @@ impl Metrics {
                 &["scorer"],
             ),
             scoring_duration,
+            shadow_requests: counter(
+                &reg,
+                "goodput_shadow_requests_total",
+                "Shadow requests goodput sent for consistency checks (not user traffic), by kind (sample: a re-sample; judge: a SelfCheck-Prompt question) and outcome (ok, error, timeout).",
+                &["backend", "kind", "outcome"],
+            ),
+            shadow_tokens: counter(
+                &reg,
+                "goodput_shadow_tokens_total",
+                "Upstream tokens spent on shadow requests, from their usage, by kind and type (input, output).",
+                &["backend", "kind", "type"],
+            ),
+            shadow_skipped: counter(
+                &reg,
+                "goodput_shadow_checks_skipped_total",
+                "Consistency checks not run or not finished, by reason: token_budget, queue_full, bad_request, nothing_to_check, shutdown.",
+                &["reason"],
+            ),
+            consistency_score: hist(
+                &reg,
+                "goodput_consistency_score",
+                "Hallucination score of checked responses in [0, 1] (mean over sentences; 0 = every re-sample agrees), by method.",
+                &(1..=20).map(|i| i as f64 * 0.05).collect::<Vec<_>>(),
+                &with(&["method"]),
+            ),
+            consistency_checked: counter(
+                &reg,
+                "goodput_consistency_checked_total",
+                "Responses checked for consistency.",
+                l,
+            ),
+            consistency_hallucinated: counter(
+                &reg,
+                "goodput_consistency_hallucinated_total",
+                "Checked responses whose hallucination score exceeded quality.consistency.threshold: ÷ checked = the hallucination rate.",
+                l,
+            ),
+            consistency_failed: single(
+                "goodput_consistency_failed_total",
+                "Consistency checks that got no usable re-sample or score.",
+            ),
             registry: reg,
         }
     }

@@ -114,9 +114,17 @@ pub struct RequestRecord {
     /// to the scorer; never serialised.
     #[serde(skip)]
     pub texts: Option<Vec<String>>,
-    /// Sampled for scoring: the request body, held until the scorer takes it; never serialised.
+    /// Consistency check (SelfCheckGPT), once done: the hallucination score in [0, 1] and the
+    /// score of each response sentence (numbers only).
+    pub hallucination_score: Option<f64>,
+    pub sentence_scores: Option<Vec<f64>>,
+    /// Sampled for scoring: the request body, held until the scorers take it; never serialised.
     #[serde(skip)]
     pub score_request: Option<bytes::Bytes>,
+    #[serde(skip)]
+    pub sample_perplexity: bool,
+    #[serde(skip)]
+    pub sample_consistency: bool,
 }
 
 fn ser_op<S: serde::Serializer>(op: &Operation, s: S) -> Result<S::Ok, S::Error> {
@@ -166,7 +174,11 @@ impl RequestRecord {
             perplexity: None,
             bits_per_byte: None,
             texts: None,
+            hallucination_score: None,
+            sentence_scores: None,
             score_request: None,
+            sample_perplexity: false,
+            sample_consistency: false,
         }
     }
 

@@ -12,7 +12,9 @@ use super::metrics::Metrics;
 use super::record::{Outcome, RequestRecord, TokenSource};
 use super::window::{QualityWindow, Window, WindowSnapshot};
 use crate::config::ConfigHandle;
-use crate::quality::scorer::{QualityResult, ScoreJob, Scorer};
+use crate::quality::consistency::{Checker, ConsistencyJob};
+use crate::quality::scorer::{ScoreJob, Scorer};
+use crate::quality::{QualityEvent, Subject};
 
 const QUEUE: usize = 65_536;
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
@@ -46,10 +48,12 @@ pub struct Recorder {
     pub shared: Arc<Shared>,
 }
 
-/// The scorer that sampled responses go to, and the channel its results come back on.
+/// Where sampled responses go (the perplexity scorer, the consistency checker), and the
+/// channel their results come back on.
 pub struct QualityLink {
-    pub scorer: Scorer,
-    pub results: Receiver<QualityResult>,
+    pub scorer: Option<Scorer>,
+    pub checker: Option<Checker>,
+    pub results: Receiver<QualityEvent>,
 }
 
 impl Recorder {
@@ -125,19 +129,8 @@ fn run(
                     let snap = config.load_full();
                     let texts = finalize(&mut r, &snap);
                     observe(&metrics, &r);
-                    if let (Some(request), Some(q)) = (r.score_request.take(), &quality)
-                        && r.outcome == Outcome::Ok
-                        && let Some(response) = texts.and_then(|t| t.into_iter().next())
-                    {
-                        q.scorer.offer(ScoreJob {
-                            id: r.id,
-                            backend: r.backend.clone(),
-                            model: r.model.clone(),
-                            route: r.route.clone(),
-                            operation: r.operation,
-                            request,
-                            response,
-                        });
+                    if let Some(q) = &quality {
+                        hand_over(q, &mut r, texts);
                     }
                     window_for(&mut windows, &r.backend, &snap);
                     if let Some(w) = windows.get_mut(&*r.backend) {
@@ -156,17 +149,36 @@ fn run(
                 Err(TryRecvError::Disconnected) => return,
             }
         }
-        while let Some(res) = quality.as_ref().and_then(|q| q.results.try_recv().ok()) {
+        while let Some(ev) = quality.as_ref().and_then(|q| q.results.try_recv().ok()) {
             got_any = true;
             let snap = config.load_full();
-            window_for(&mut windows, &res.backend, &snap);
-            if let Some(w) = windows.get_mut(&*res.backend) {
-                w.quality.add(epoch.elapsed().as_secs(), res.perplexity, res.bits_per_byte, res.tokens);
-            }
+            let (id, backend) = match &ev {
+                QualityEvent::Perplexity(r) => (r.of.id, r.of.backend.clone()),
+                QualityEvent::Consistency(r) => (r.of.id, r.of.backend.clone()),
+            };
+            window_for(&mut windows, &backend, &snap);
+            let now = epoch.elapsed().as_secs();
             let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(r) = recent.iter_mut().rev().find(|r| r.id == res.id) {
-                r.perplexity = Some(res.perplexity);
-                r.bits_per_byte = Some(res.bits_per_byte);
+            let rec = recent.iter_mut().rev().find(|r| r.id == id);
+            match ev {
+                QualityEvent::Perplexity(res) => {
+                    if let Some(w) = windows.get_mut(&*backend) {
+                        w.quality.add(now, res.perplexity, res.bits_per_byte, res.tokens);
+                    }
+                    if let Some(r) = rec {
+                        r.perplexity = Some(res.perplexity);
+                        r.bits_per_byte = Some(res.bits_per_byte);
+                    }
+                }
+                QualityEvent::Consistency(res) => {
+                    if let Some(w) = windows.get_mut(&*backend) {
+                        w.quality.add_consistency(now, res.score, res.hallucinated);
+                    }
+                    if let Some(r) = rec {
+                        r.hallucination_score = Some(res.score);
+                        r.sentence_scores = Some(res.sentence_scores);
+                    }
+                }
             }
         }
         // Publish on a clock, not per record: windows also age when no traffic comes.
@@ -189,6 +201,37 @@ fn run(
         if !got_any {
             std::thread::sleep(DRAIN_EVERY);
         }
+    }
+}
+
+/// Give a finished, sampled request's text to the scorers (both may take it); count every
+/// request's tokens toward the shadow budget.
+fn hand_over(q: &QualityLink, r: &mut RequestRecord, texts: Option<Vec<String>>) {
+    let tokens = r.prompt_tokens.unwrap_or(0) + r.completion_tokens.unwrap_or(0);
+    if let Some(c) = &q.checker {
+        c.note_user_tokens(tokens);
+    }
+    let Some(request) = r.score_request.take() else { return };
+    if r.outcome != Outcome::Ok {
+        return;
+    }
+    let Some(response) = texts.and_then(|t| t.into_iter().next()) else { return };
+    if r.sample_consistency
+        && let Some(c) = &q.checker
+    {
+        c.offer(ConsistencyJob {
+            of: Subject::of(r),
+            operation: r.operation,
+            request: request.clone(),
+            response: response.clone(),
+            prompt_tokens: r.prompt_tokens.unwrap_or(0),
+            completion_tokens: r.completion_tokens.unwrap_or(0),
+        });
+    }
+    if r.sample_perplexity
+        && let Some(s) = &q.scorer
+    {
+        s.offer(ScoreJob { of: Subject::of(r), operation: r.operation, request, response });
     }
 }
 

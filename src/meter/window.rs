@@ -210,6 +210,9 @@ struct QualitySlot {
     bits_per_byte_sum: f64,
     log_perplexity_sum: f64,
     tokens: u64,
+    checked: u64,
+    hallucinated: u64,
+    consistency_sum: f64,
 }
 
 pub struct QualityWindow {
@@ -227,6 +230,11 @@ pub struct QualitySnapshot {
     /// exp(mean ln ppl): the typical perplexity, not dragged by one degenerate response.
     pub perplexity_geomean: Option<f64>,
     pub bits_per_byte_mean: Option<f64>,
+    /// Responses checked for consistency, and the share judged hallucinated among them.
+    pub consistency_checked: u64,
+    pub hallucinated: u64,
+    pub hallucination_rate: Option<f64>,
+    pub consistency_score_mean: Option<f64>,
 }
 
 impl QualityWindow {
@@ -238,6 +246,9 @@ impl QualityWindow {
             bits_per_byte_sum: 0.0,
             log_perplexity_sum: 0.0,
             tokens: 0,
+            checked: 0,
+            hallucinated: 0,
+            consistency_sum: 0.0,
         };
         QualityWindow { slots: vec![slot; n] }
     }
@@ -246,10 +257,7 @@ impl QualityWindow {
         self.slots.len() as u64 * QUALITY_SLOT_SECS
     }
 
-    pub fn add(&mut self, second: u64, perplexity: f64, bits_per_byte: f64, tokens: u64) {
-        if !(perplexity.is_finite() && perplexity >= 1.0 && bits_per_byte.is_finite()) {
-            return;
-        }
+    fn slot(&mut self, second: u64) -> &mut QualitySlot {
         let index = second / QUALITY_SLOT_SECS;
         let n = self.slots.len() as u64;
         let s = &mut self.slots[(index % n) as usize];
@@ -259,7 +267,28 @@ impl QualityWindow {
             s.bits_per_byte_sum = 0.0;
             s.log_perplexity_sum = 0.0;
             s.tokens = 0;
+            s.checked = 0;
+            s.hallucinated = 0;
+            s.consistency_sum = 0.0;
         }
+        s
+    }
+
+    pub fn add_consistency(&mut self, second: u64, score: f64, hallucinated: bool) {
+        if !score.is_finite() {
+            return;
+        }
+        let s = self.slot(second);
+        s.checked += 1;
+        s.hallucinated += u64::from(hallucinated);
+        s.consistency_sum += score;
+    }
+
+    pub fn add(&mut self, second: u64, perplexity: f64, bits_per_byte: f64, tokens: u64) {
+        if !(perplexity.is_finite() && perplexity >= 1.0 && bits_per_byte.is_finite()) {
+            return;
+        }
+        let s = self.slot(second);
         let _ = s.perplexity.record(((perplexity * PPL_SCALE) as u64).clamp(1, 1_000_000_000_000));
         s.bits_per_byte_sum += bits_per_byte;
         s.log_perplexity_sum += perplexity.ln();
@@ -271,6 +300,7 @@ impl QualityWindow {
         let n = self.slots.len() as u64;
         let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000_000, 2).expect("valid bounds");
         let (mut bpb, mut lnp, mut tokens) = (0.0, 0.0, 0);
+        let (mut checked, mut hallucinated, mut csum) = (0, 0, 0.0);
         for s in &self.slots {
             if s.index == u64::MAX || s.index > now || now - s.index >= n {
                 continue;
@@ -279,6 +309,9 @@ impl QualityWindow {
             bpb += s.bits_per_byte_sum;
             lnp += s.log_perplexity_sum;
             tokens += s.tokens;
+            checked += s.checked;
+            hallucinated += s.hallucinated;
+            csum += s.consistency_sum;
         }
         let count = h.len();
         let q = |p: f64| (count > 0).then(|| h.value_at_quantile(p) as f64 / PPL_SCALE);
@@ -291,6 +324,10 @@ impl QualityWindow {
             perplexity_p95: q(0.95),
             perplexity_geomean: (count > 0).then(|| (lnp / count as f64).exp()),
             bits_per_byte_mean: (count > 0).then(|| bpb / count as f64),
+            consistency_checked: checked,
+            hallucinated,
+            hallucination_rate: (checked > 0).then(|| hallucinated as f64 / checked as f64),
+            consistency_score_mean: (checked > 0).then(|| csum / checked as f64),
         }
     }
 }
@@ -328,7 +365,11 @@ mod tests {
             perplexity: None,
             bits_per_byte: None,
             texts: None,
+            hallucination_score: None,
+            sentence_scores: None,
             score_request: None,
+            sample_perplexity: false,
+            sample_consistency: false,
         }
     }
 
@@ -375,6 +416,13 @@ mod tests {
         assert!((s.perplexity_p50.unwrap() - 4.0).abs() < 0.05);
         assert_eq!(s.bits_per_byte_mean, Some(1.0));
         assert_eq!(q.snapshot(70).scored, 0, "slot 0 (seconds 0-9) left the 60 s window");
+        q.add_consistency(71, 0.8, true);
+        q.add_consistency(72, 0.2, false);
+        q.add_consistency(73, f64::NAN, true);
+        let s = q.snapshot(75);
+        assert_eq!((s.consistency_checked, s.hallucinated), (2, 1));
+        assert_eq!(s.hallucination_rate, Some(0.5));
+        assert!((s.consistency_score_mean.unwrap() - 0.5).abs() < 1e-12);
     }
 
     #[test]

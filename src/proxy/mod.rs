@@ -40,8 +40,15 @@ pub struct Proxy {
     client: Client<HttpConnector, UpstreamBody>,
     ready: AtomicBool,
     next_id: AtomicU64,
-    /// A perplexity scorer is running: sampled requests keep their body and text for it.
-    scoring: bool,
+    /// Which scorers run: sampled requests keep their body and text for them.
+    sampling: Sampling,
+}
+
+/// The scorers that are running (read at start-up).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Sampling {
+    pub perplexity: bool,
+    pub consistency: bool,
 }
 
 /// An OpenAI-style error body: `{"error": {"message", "type", "code"}}`.
@@ -55,7 +62,12 @@ pub fn error_response(status: StatusCode, kind: &str, code: &str, message: &str)
 }
 
 impl Proxy {
-    pub fn new(config: Arc<ConfigHandle>, recorder: Recorder, metrics: Metrics, scoring: bool) -> Arc<Proxy> {
+    pub fn new(
+        config: Arc<ConfigHandle>,
+        recorder: Recorder,
+        metrics: Metrics,
+        sampling: Sampling,
+    ) -> Arc<Proxy> {
         let timeouts = config.load().config.timeouts;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
@@ -74,7 +86,7 @@ impl Proxy {
             client,
             ready: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
-            scoring,
+            sampling,
         })
     }
 
@@ -102,6 +114,31 @@ impl Proxy {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         });
+    }
+
+    /// Whether this request is scored for perplexity, and checked for consistency: by the
+    /// forcing header, else deterministically by request id (independent draws for the two).
+    fn sample(
+        &self,
+        cfg: &crate::config::Config,
+        headers: &http::HeaderMap,
+        id: u64,
+        rate: f64,
+    ) -> (bool, bool) {
+        use crate::quality::sampler::{forced, key, sampled};
+        let s = self.sampling;
+        if !(s.perplexity || s.consistency) {
+            return (false, false);
+        }
+        let q = &cfg.quality;
+        let force = forced(headers.get(q.force_header.as_str()));
+        let k = key(headers.get("x-request-id").map(|v| v.as_bytes()), id);
+        let cons_rate = q.consistency.as_ref().map_or(0.0, |c| c.sample_rate);
+        (
+            s.perplexity && (force || sampled(k, rate)),
+            // A different salt: the two samples are drawn independently.
+            s.consistency && (force || sampled(k ^ 0x5eed_c0de_5eed_c0de, cons_rate)),
+        )
     }
 
     pub async fn handle(
@@ -186,18 +223,10 @@ impl Proxy {
                 let route = snap.route(client_uri.path(), model_field, &parts.headers);
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
                 // Sampling for quality: a hash and a refcount; the scoring happens elsewhere.
-                let q = &cfg.quality;
-                let score = self.scoring
-                    && info.valid_json
-                    && (crate::quality::sampler::forced(parts.headers.get(q.force_header.as_str()))
-                        || crate::quality::sampler::sampled(
-                            crate::quality::sampler::key(
-                                parts.headers.get("x-request-id").map(|v| v.as_bytes()),
-                                id,
-                            ),
-                            route.sample_rate,
-                        ));
-                let score_request = score.then(|| bytes.clone());
+                let (sample_ppl, sample_cons) = self.sample(cfg, &parts.headers, id, route.sample_rate);
+                let sample_ppl = sample_ppl && info.valid_json;
+                let sample_cons = sample_cons && info.valid_json;
+                let score_request = (sample_ppl || sample_cons).then(|| bytes.clone());
                 let inject = cfg.usage.inject_stream_usage && info.wants_injected_usage();
                 let rewritten = if inject { inject_include_usage(&bytes, &info) } else { None };
                 let injected = rewritten.is_some();
@@ -214,6 +243,8 @@ impl Proxy {
                 record.stream = info.stream;
                 record.n = info.n;
                 record.score_request = score_request;
+                record.sample_perplexity = sample_ppl;
+                record.sample_consistency = sample_cons;
                 metering = Some((record, info, injected));
                 Either::Left(Full::new(bytes))
             }

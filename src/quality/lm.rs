@@ -76,12 +76,7 @@ pub struct LmOptions {
 
 impl Default for LmOptions {
     fn default() -> Self {
-        LmOptions {
-            onnxruntime: None,
-            device: Device::Cpu,
-            allow_cpu_fallback: false,
-            intra_op_threads: 1,
-        }
+        LmOptions { onnxruntime: None, device: Device::Cpu, allow_cpu_fallback: false, intra_op_threads: 1 }
     }
 }
 

@@ -12,14 +12,12 @@ use super::ppl::Totals;
 use crate::config::QualityConfig;
 use crate::meter::metrics::Metrics;
 use crate::openai::Operation;
+use crate::quality::{QualityEvent, Subject};
 
 /// One sampled response: the request body as the client sent it and choice 0's text. User data:
 /// held in memory only until scored, never logged.
 pub struct ScoreJob {
-    pub id: u64,
-    pub backend: Arc<str>,
-    pub model: Arc<str>,
-    pub route: Arc<str>,
+    pub of: Subject,
     pub operation: Operation,
     pub request: Bytes,
     pub response: String,
@@ -28,10 +26,7 @@ pub struct ScoreJob {
 /// Numbers only: what the recorder keeps and the windows aggregate.
 #[derive(Debug, Clone)]
 pub struct QualityResult {
-    pub id: u64,
-    pub backend: Arc<str>,
-    pub model: Arc<str>,
-    pub route: Arc<str>,
+    pub of: Subject,
     pub perplexity: f64,
     pub bits_per_byte: f64,
     /// Response tokens scored (at most max_response_tokens).
@@ -55,7 +50,7 @@ impl Scorer {
     pub fn start(
         cfg: &QualityConfig,
         metrics: Metrics,
-        results: Sender<QualityResult>,
+        results: Sender<QualityEvent>,
     ) -> Result<Option<Scorer>, LmError> {
         let Some(p) = &cfg.perplexity else { return Ok(None) };
         let device = p.device.parse().map_err(LmError)?;
@@ -142,7 +137,7 @@ fn lower_priority() {
 fn run(
     mut lm: ReferenceLm,
     rx: Arc<Mutex<Receiver<ScoreJob>>>,
-    results: Sender<QualityResult>,
+    results: Sender<QualityEvent>,
     metrics: Metrics,
     limits: Limits,
 ) {
@@ -154,7 +149,7 @@ fn run(
         };
         metrics.scoring_queue_depth.dec();
         let t = Instant::now();
-        let labels = [&*job.model, &*job.backend, &*job.route];
+        let labels = job.of.labels();
         match score_response(&mut lm, job.operation, &job.request, &job.response, &limits) {
             Ok(Some(s)) => {
                 let p = s.totals.perplexities();
@@ -163,21 +158,18 @@ fn run(
                 metrics.response_bits_per_byte.with_label_values(&labels).observe(p.bits_per_byte);
                 metrics.scored.with_label_values(&labels).inc();
                 metrics.scored_tokens.with_label_values(&labels).inc_by(p.tokens);
-                let _ = results.send(QualityResult {
-                    id: job.id,
-                    backend: job.backend.clone(),
-                    model: job.model.clone(),
-                    route: job.route.clone(),
+                let _ = results.send(QualityEvent::Perplexity(QualityResult {
+                    of: job.of.clone(),
                     perplexity: p.token_perplexity,
                     bits_per_byte: p.bits_per_byte,
                     tokens: p.tokens,
                     truncated: s.truncated,
-                });
+                }));
             }
             Ok(None) => metrics.scoring_dropped.with_label_values(&["nothing_to_score"]).inc(),
             Err(e) => {
                 metrics.scoring_failed.with_label_values(&["perplexity"]).inc();
-                tracing::warn!(error = %e, backend = %job.backend, "perplexity scoring failed");
+                tracing::warn!(error = %e, backend = %job.of.backend, "perplexity scoring failed");
             }
         }
     }

@@ -478,10 +478,14 @@ async fn generate(sim: &Arc<Sim>, cfg: &SimConfig, chat: bool, body: &Value) -> 
     let object = if chat { "chat.completion" } else { "text_completion" };
     if !stream {
         let _guard = InFlight::new(sim);
+        // Dropped before the end (hyper drops the handler when the client closes the connection):
+        // the generation is aborted, as vLLM aborts a request whose client went away.
+        let mut abort = AbortOnDrop(Some(sim));
         let total = plan.ttft + plan.gaps.iter().sum::<Duration>();
         if !total.is_zero() {
             tokio::time::sleep(total).await;
         }
+        abort.0 = None;
         let choices: Vec<Value> = plan
             .choices
             .iter()
@@ -598,6 +602,16 @@ fn embeddings(cfg: &SimConfig, body: &Value) -> Response<SimBody> {
         StatusCode::OK,
         &json!({"object": "list", "data": data, "model": cfg.model, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}),
     )
+}
+
+struct AbortOnDrop<'a>(Option<&'a Sim>);
+
+impl Drop for AbortOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Some(sim) = self.0 {
+            sim.cancelled.inc();
+        }
+    }
 }
 
 struct InFlight<'a>(&'a Sim);

@@ -1,0 +1,462 @@
+//! Shadow re-sampling and the checks that use it. Shadow requests go straight to the backend
+//! (not through the proxy's listener), carry `x-goodput-shadow: 1`, have their own metrics
+//! (`goodput_shadow_*`) and run under a budget: a share of the user traffic's tokens and a cap
+//! on concurrent requests. They never hold up user requests (their own connection pool, bounded
+//! concurrency, optional vLLM `priority`) and are aborted on shutdown, which closes their
+//! connections so that the server stops generating.
+
+use bytes::Bytes;
+use http::{Request, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use serde_json::{Map, Value};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{Semaphore, mpsc, watch};
+
+use super::{ngram, text};
+use crate::config::{ConfigHandle, ConsistencyConfig, Method};
+use crate::meter::metrics::Metrics;
+use crate::openai::Operation;
+use crate::openai::response::parse_response;
+use crate::quality::{QualityEvent, Subject};
+
+/// Marks a shadow request for the backend's logs and for any proxy in between.
+pub const SHADOW_HEADER: &str = "x-goodput-shadow";
+
+/// One sampled response to check: the request as the client sent it and choice 0's text. User
+/// data, held in memory only until checked, never logged.
+pub struct ConsistencyJob {
+    pub of: Subject,
+    pub operation: Operation,
+    pub request: Bytes,
+    pub response: String,
+    /// Tokens of the original request: the basis of the cost estimate.
+    pub prompt_tokens: u64,
+    pub completion_tokens: u64,
+}
+
+/// Numbers only.
+#[derive(Debug, Clone)]
+pub struct ConsistencyResult {
+    pub of: Subject,
+    /// In [0, 1], from the first configured method: the mean of the sentence scores.
+    pub score: f64,
+    pub sentence_scores: Vec<f64>,
+    /// Every method's response score in [0, 1].
+    pub method_scores: Vec<(Method, f64)>,
+    pub hallucinated: bool,
+    pub samples: usize,
+}
+
+#[derive(Clone)]
+pub struct Checker {
+    tx: mpsc::Sender<ConsistencyJob>,
+    cancel: watch::Sender<bool>,
+    metrics: Metrics,
+    user_tokens: Arc<AtomicU64>,
+}
+
+impl Checker {
+    /// Start the engine task on the current tokio runtime.
+    pub fn start(
+        cfg: ConsistencyConfig,
+        config: Arc<ConfigHandle>,
+        metrics: Metrics,
+        results: std::sync::mpsc::Sender<QualityEvent>,
+    ) -> Checker {
+        let (tx, rx) = mpsc::channel(cfg.queue_capacity);
+        let (cancel, cancelled) = watch::channel(false);
+        let user_tokens = Arc::new(AtomicU64::new(0));
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(Duration::from_millis(config.load().config.timeouts.connect_ms)));
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        let engine = Engine {
+            permits: Arc::new(Semaphore::new(cfg.max_concurrent)),
+            cfg: Arc::new(cfg),
+            config,
+            metrics: metrics.clone(),
+            client,
+            results,
+            user_tokens: user_tokens.clone(),
+            shadow_tokens: Arc::new(AtomicU64::new(0)),
+            reserved: Arc::new(AtomicU64::new(0)),
+        };
+        tokio::spawn(engine.run(rx, cancelled));
+        Checker { tx, cancel, metrics, user_tokens }
+    }
+
+    /// Count a finished user request's tokens toward the shadow budget.
+    pub fn note_user_tokens(&self, n: u64) {
+        self.user_tokens.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Queue a check; never blocks.
+    pub fn offer(&self, job: ConsistencyJob) {
+        if self.tx.try_send(job).is_err() {
+            self.metrics.shadow_skipped.with_label_values(&["queue_full"]).inc();
+        }
+    }
+
+    /// Abort every check in flight (shutdown).
+    pub fn cancel(&self) {
+        let _ = self.cancel.send(true);
+    }
+}
+
+struct Engine {
+    cfg: Arc<ConsistencyConfig>,
+    config: Arc<ConfigHandle>,
+    metrics: Metrics,
+    client: Client<HttpConnector, Full<Bytes>>,
+    results: std::sync::mpsc::Sender<QualityEvent>,
+    permits: Arc<Semaphore>,
+    user_tokens: Arc<AtomicU64>,
+    shadow_tokens: Arc<AtomicU64>,
+    /// Estimated cost of the checks in flight, held against the budget until they end.
+    reserved: Arc<AtomicU64>,
+}
+
+impl Engine {
+    async fn run(self, mut rx: mpsc::Receiver<ConsistencyJob>, mut cancelled: watch::Receiver<bool>) {
+        let this = Arc::new(self);
+        let mut checks = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                job = rx.recv() => {
+                    let Some(job) = job else { break };
+                    let estimate = this.estimate(&job);
+                    let budget = this.user_tokens.load(Ordering::Relaxed) as f64 * this.cfg.max_token_share;
+                    let committed = this.shadow_tokens.load(Ordering::Relaxed) + this.reserved.load(Ordering::Relaxed);
+                    if (committed + estimate) as f64 > budget {
+                        this.metrics.shadow_skipped.with_label_values(&["token_budget"]).inc();
+                        continue;
+                    }
+                    this.reserved.fetch_add(estimate, Ordering::Relaxed);
+                    let t = this.clone();
+                    checks.spawn(async move {
+                        t.clone().check(job).await;
+                        t.reserved.fetch_sub(estimate, Ordering::Relaxed);
+                    });
+                }
+                Some(_) = checks.join_next(), if !checks.is_empty() => {}
+                _ = cancelled.changed() => break,
+            }
+        }
+        // Dropping the requests closes their connections: the server aborts the generations.
+        let n = checks.len();
+        checks.abort_all();
+        if n > 0 {
+            tracing::info!(checks = n, "consistency checks cancelled at shutdown");
+            this.metrics.shadow_skipped.with_label_values(&["shutdown"]).inc_by(n as u64);
+        }
+    }
+
+    /// An upper bound on a check's upstream tokens when the server honours max_tokens: K
+    /// re-samples of the prompt with at most the shadow max_tokens each, and for `prompt` one
+    /// judge call per (sentence, sample) holding a sample and a sentence.
+    fn estimate(&self, job: &ConsistencyJob) -> u64 {
+        let c = &self.cfg;
+        let out = shadow_max_tokens(&job.request, c);
+        let samples = c.samples as u64 * (job.prompt_tokens + out);
+        let judge = if c.methods.contains(&Method::Prompt) {
+            (c.samples * c.max_sentences) as u64 * (out + job.completion_tokens + 64)
+        } else {
+            0
+        };
+        samples + judge
+    }
+
+    async fn check(self: Arc<Self>, job: ConsistencyJob) {
+        let c = &self.cfg;
+        let snap = self.config.load_full();
+        let Some(backend) = snap.backends.iter().find(|b| b.name == job.of.backend).cloned() else { return };
+        let judge = c
+            .judge_backend
+            .as_ref()
+            .and_then(|j| snap.backends.iter().find(|b| &*b.name == j.as_str()).cloned())
+            .unwrap_or_else(|| backend.clone());
+        let Some(body) = shadow_body(&job.request, c) else {
+            self.metrics.shadow_skipped.with_label_values(&["bad_request"]).inc();
+            return;
+        };
+        let path = match job.operation {
+            Operation::Chat => "/v1/chat/completions",
+            Operation::Completion => "/v1/completions",
+        };
+        let url = format!("{}{}{}", backend.origin, backend.base_path, path);
+        let body = Bytes::from(body);
+        let mut pending = tokio::task::JoinSet::new();
+        for _ in 0..c.samples {
+            let (this, url, body, headers) =
+                (self.clone(), url.clone(), body.clone(), backend.headers.clone());
+            pending.spawn(async move { this.call(&url, &headers, body, "sample").await });
+        }
+        let mut samples = Vec::new();
+        while let Some(r) = pending.join_next().await {
+            if let Ok(Some(text)) = r {
+                samples.push(text);
+            }
+        }
+        if samples.is_empty() {
+            self.metrics.consistency_failed.inc();
+            return;
+        }
+        let sentences: Vec<String> = text::sentences(&job.response).into_iter().map(str::to_string).collect();
+        if sentences.is_empty() {
+            self.metrics.shadow_skipped.with_label_values(&["nothing_to_check"]).inc();
+            return;
+        }
+        let mut per_method: Vec<(Method, Vec<f64>)> = Vec::new();
+        for m in &c.methods {
+            let scores = match m {
+                Method::Unigram => {
+                    let (s, resp, samp) = (sentences.clone(), job.response.clone(), samples.clone());
+                    // CPU work off the tokio workers.
+                    let r = tokio::task::spawn_blocking(move || {
+                        let refs: Vec<&str> = s.iter().map(String::as_str).collect();
+                        let samp: Vec<&str> = samp.iter().map(String::as_str).collect();
+                        ngram::score(&refs, &resp, &samp)
+                    })
+                    .await;
+                    match r {
+                        Ok(n) => n.avg_neg_logprob.iter().map(|&v| ngram::bounded(v)).collect(),
+                        Err(_) => continue,
+                    }
+                }
+                Method::Prompt => {
+                    let model = c
+                        .judge_model
+                        .clone()
+                        .or_else(|| request_model(&job.request))
+                        .unwrap_or_else(|| job.of.model.to_string());
+                    let url = format!("{}{}/v1/chat/completions", judge.origin, judge.base_path);
+                    let mut scores = Vec::new();
+                    for s in sentences.iter().take(c.max_sentences) {
+                        let mut calls = tokio::task::JoinSet::new();
+                        for sample in &samples {
+                            let body = Bytes::from(judge_body(&model, sample, s, c.priority));
+                            let (this, url, headers) = (self.clone(), url.clone(), judge.headers.clone());
+                            calls.spawn(async move { this.call(&url, &headers, body, "judge").await });
+                        }
+                        let mut sum = 0.0;
+                        let mut n = 0;
+                        while let Some(r) = calls.join_next().await {
+                            if let Ok(Some(answer)) = r {
+                                sum += judge_answer(&answer);
+                                n += 1;
+                            }
+                        }
+                        scores.push(if n > 0 { sum / n as f64 } else { f64::NAN });
+                    }
+                    scores
+                }
+            };
+            per_method.push((*m, scores));
+        }
+        let Some((_, primary)) = per_method.first() else { return };
+        let mean = |v: &[f64]| {
+            let ok: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+            (!ok.is_empty()).then(|| ok.iter().sum::<f64>() / ok.len() as f64)
+        };
+        let Some(score) = mean(primary) else {
+            self.metrics.consistency_failed.inc();
+            return;
+        };
+        let method_scores: Vec<(Method, f64)> =
+            per_method.iter().filter_map(|(m, v)| mean(v).map(|s| (*m, s))).collect();
+        let labels = job.of.labels();
+        for (m, s) in &method_scores {
+            let name = match m {
+                Method::Unigram => "unigram",
+                Method::Prompt => "prompt",
+            };
+            self.metrics
+                .consistency_score
+                .with_label_values(&[labels[0], labels[1], labels[2], name])
+                .observe(*s);
+        }
+        let hallucinated = score > c.threshold;
+        self.metrics.consistency_checked.with_label_values(&labels).inc();
+        if hallucinated {
+            self.metrics.consistency_hallucinated.with_label_values(&labels).inc();
+        }
+        let _ = self.results.send(QualityEvent::Consistency(ConsistencyResult {
+            of: job.of.clone(),
+            score,
+            sentence_scores: primary.clone(),
+            method_scores,
+            hallucinated,
+            samples: samples.len(),
+        }));
+    }
+
+    /// One shadow request: choice 0's text, or `None` (counted) on any failure.
+    async fn call(
+        &self,
+        url: &str,
+        headers: &http::HeaderMap,
+        body: Bytes,
+        kind: &'static str,
+    ) -> Option<String> {
+        let permit = self.permits.acquire().await.ok()?;
+        let mut req = Request::post(url)
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::USER_AGENT, "goodput-shadow")
+            .header(SHADOW_HEADER, "1")
+            .body(Full::new(body))
+            .ok()?;
+        for (k, v) in headers {
+            req.headers_mut().insert(k.clone(), v.clone());
+        }
+        let backend = self.backend_label(url);
+        let timeout = Duration::from_millis(self.cfg.timeout_ms);
+        let outcome = tokio::time::timeout(timeout, async {
+            let resp = self.client.request(req).await.map_err(|_| "error")?;
+            let status = resp.status();
+            let bytes = resp.into_body().collect().await.map_err(|_| "error")?.to_bytes();
+            if !status.is_success() {
+                return Err("error");
+            }
+            Ok(bytes)
+        })
+        .await
+        .unwrap_or(Err("timeout"));
+        drop(permit);
+        let bytes = match outcome {
+            Ok(b) => b,
+            Err(o) => {
+                self.metrics.shadow_requests.with_label_values(&[&backend, kind, o]).inc();
+                return None;
+            }
+        };
+        self.metrics.shadow_requests.with_label_values(&[&backend, kind, "ok"]).inc();
+        let info = parse_response(&bytes)?;
+        if let Some(u) = info.usage {
+            let n = u.prompt_tokens.unwrap_or(0) + u.completion_tokens.unwrap_or(0);
+            self.shadow_tokens.fetch_add(n, Ordering::Relaxed);
+            for (ty, v) in [("input", u.prompt_tokens), ("output", u.completion_tokens)] {
+                self.metrics.shadow_tokens.with_label_values(&[&backend, kind, ty]).inc_by(v.unwrap_or(0));
+            }
+        }
+        let text: String = info.texts.iter().filter(|(i, _)| *i == 0).map(|(_, t)| t.as_ref()).collect();
+        Some(text)
+    }
+
+    fn backend_label(&self, url: &str) -> String {
+        let snap = self.config.load();
+        snap.backends
+            .iter()
+            .find(|b| url.starts_with(&format!("{}{}", b.origin, b.base_path)))
+            .map_or_else(|| "other".to_string(), |b| b.name.to_string())
+    }
+}
+
+fn request_model(request: &[u8]) -> Option<String> {
+    serde_json::from_slice::<Value>(request).ok()?.get("model")?.as_str().map(str::to_string)
+}
+
+/// The re-sample request: the client's body with temperature set, one non-streamed choice, no
+/// seed (a seed would make every re-sample the same), max_tokens capped, and the optional
+/// priority. `None` when the body is not a JSON object.
+/// The max_tokens a re-sample of `request` gets: the client's (max_completion_tokens or
+/// max_tokens) capped by the config's.
+pub fn shadow_max_tokens(request: &[u8], c: &ConsistencyConfig) -> u64 {
+    let v: Value = serde_json::from_slice(request).unwrap_or(Value::Null);
+    let asked =
+        ["max_completion_tokens", "max_tokens"].iter().find_map(|k| v.get(*k).and_then(Value::as_u64));
+    asked.map_or(c.max_tokens, |a| a.min(c.max_tokens))
+}
+
+pub fn shadow_body(request: &[u8], c: &ConsistencyConfig) -> Option<Vec<u8>> {
+    let mut v: Map<String, Value> = serde_json::from_slice(request).ok()?;
+    for k in ["stream", "stream_options", "seed", "n", "logprobs", "top_logprobs", "best_of"] {
+        v.remove(k);
+    }
+    v.insert("temperature".into(), Value::from(c.temperature));
+    let asked =
+        ["max_completion_tokens", "max_tokens"].iter().find_map(|k| v.get(*k).and_then(Value::as_u64));
+    v.remove("max_completion_tokens");
+    v.insert("max_tokens".into(), Value::from(asked.map_or(c.max_tokens, |a| a.min(c.max_tokens))));
+    if let Some(p) = c.priority {
+        v.insert("priority".into(), Value::from(p));
+    }
+    serde_json::to_vec(&v).ok()
+}
+
+/// SelfCheck-Prompt's question, as a chat request at temperature 0.
+pub fn judge_body(model: &str, sample: &str, sentence: &str, priority: Option<i64>) -> Vec<u8> {
+    let prompt = format!(
+        "Context: {sample}\nSentence: {sentence}\nIs the sentence supported by the context above? Answer Yes or No.\nAnswer: "
+    );
+    let mut v = serde_json::json!({
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "temperature": 0,
+        "max_tokens": 5,
+        "stream": false,
+    });
+    if let Some(p) = priority {
+        v["priority"] = Value::from(p);
+    }
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// Yes (supported) → 0, No → 1, anything else → 0.5 (SelfCheckGPT's post-processing: the
+/// lower-cased, trimmed answer starting with "yes" or "no").
+pub fn judge_answer(answer: &str) -> f64 {
+    let a = answer.trim().to_lowercase();
+    if a.starts_with("yes") {
+        0.0
+    } else if a.starts_with("no") {
+        1.0
+    } else {
+        0.5
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> ConsistencyConfig {
+        serde_yaml_ng::from_str("priority: 5\nmax_tokens: 64\n").unwrap()
+    }
+
+    #[test]
+    fn shadow_request_rewrites_only_what_it_must() {
+        let req = br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"seed":7,"n":2,"max_tokens":500,"temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
+        let v: Value = serde_json::from_slice(&shadow_body(req, &cfg()).unwrap()).unwrap();
+        assert_eq!(v["temperature"], 1.0);
+        assert_eq!(v["max_tokens"], 64);
+        assert_eq!(v["priority"], 5);
+        assert_eq!(v["messages"][0]["content"], "hi");
+        for gone in ["stream", "stream_options", "seed", "n"] {
+            assert!(v.get(gone).is_none(), "{gone}");
+        }
+        let small: Value =
+            serde_json::from_slice(&shadow_body(br#"{"max_completion_tokens":10}"#, &cfg()).unwrap())
+                .unwrap();
+        assert_eq!(small["max_tokens"], 10);
+        assert!(shadow_body(b"[1,2]", &cfg()).is_none());
+    }
+
+    #[test]
+    fn judge_answers_map_like_selfcheckgpt() {
+        assert_eq!(judge_answer(" Yes, it is."), 0.0);
+        assert_eq!(judge_answer("no"), 1.0);
+        assert_eq!(judge_answer("NO."), 1.0);
+        assert_eq!(judge_answer("Maybe"), 0.5);
+        assert_eq!(judge_answer(""), 0.5);
+        let b: Value = serde_json::from_slice(&judge_body("m", "ctx", "s.", None)).unwrap();
+        assert!(b["messages"][0]["content"].as_str().unwrap().starts_with("Context: ctx\nSentence: s.\n"));
+        assert!(b.get("priority").is_none());
+    }
+}

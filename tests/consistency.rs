@@ -1,0 +1,136 @@
+//! Consistency checks (SelfCheckGPT) behind the proxy: shadow re-sampling of the same prompt from
+//! the same backend, its budget and metrics, the unigram and prompt methods, and cancellation at
+//! shutdown. The upstream is the simulator (deterministic per seed, prompt and temperature).
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+fn consistency_yaml(sim: &std::net::SocketAddr, extra: &str) -> String {
+    format!(
+        "backends:\n  - name: sim\n    url: http://{sim}\n    models: [sim-model]\n\
+         quality:\n  consistency:\n    sample_rate: 1.0\n    samples: 3\n    max_token_share: 100.0\n{extra}"
+    )
+}
+
+fn chat(max_tokens: u32, stream: bool) -> String {
+    serde_json::json!({
+        "model": "sim-model", "stream": stream, "max_tokens": max_tokens, "temperature": 0,
+        "messages": [{"role": "user", "content": "Tell me about the tower."}]
+    })
+    .to_string()
+}
+
+async fn wait_for(gp: &Goodput, name: &str, labels: &[(&str, &str)], at_least: f64) -> String {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let text = gp.metrics().await;
+        if metric(&text, name, labels) >= at_least {
+            return text;
+        }
+        assert!(Instant::now() < deadline, "{name}{labels:?} never reached {at_least}:\n{text}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shadow_resamples_are_scored_and_not_user_traffic() {
+    let (sim_addr, sim) = spawn_sim(0.0, 0.0, 24).await;
+    let gp = Goodput::start(&consistency_yaml(
+        &sim_addr,
+        "    methods: [prompt, unigram]\n    max_sentences: 2\n",
+    ));
+    let r = send(gp.proxy, post_json("/v1/chat/completions", &chat(24, true))).await;
+    assert_eq!(r.status, 200);
+    let text = wait_for(&gp, "goodput_consistency_checked_total", &[("backend", "sim")], 1.0).await;
+
+    // K = 3 re-samples and, for `prompt`, one judge call per (sentence, sample).
+    let samples = metric(&text, "goodput_shadow_requests_total", &[("kind", "sample"), ("outcome", "ok")]);
+    let judged = metric(&text, "goodput_shadow_requests_total", &[("kind", "judge"), ("outcome", "ok")]);
+    assert_eq!(samples, 3.0);
+    assert!((3.0..=6.0).contains(&judged) && judged % 3.0 == 0.0, "judge calls {judged}");
+    // The upstream saw all of them; goodput's user-traffic metrics saw one request.
+    assert_eq!(sim.requests() as f64, 1.0 + samples + judged);
+    assert_eq!(metric(&text, "goodput_requests_total", &[]), 1.0);
+    assert!(metric(&text, "goodput_shadow_tokens_total", &[("kind", "sample"), ("type", "output")]) > 0.0);
+
+    // The simulator's judge answers are neither Yes nor No: SelfCheck-Prompt maps them to 0.5.
+    let recs = gp.records(1).await;
+    let rec = &recs[0];
+    assert_eq!(rec["hallucination_score"], 0.5, "{rec}");
+    let sentences = rec["sentence_scores"].as_array().unwrap();
+    assert!(!sentences.is_empty() && sentences.iter().all(|s| s == 0.5));
+    assert_eq!(metric(&text, "goodput_consistency_score_count", &[("method", "prompt")]), 1.0);
+    assert_eq!(metric(&text, "goodput_consistency_score_count", &[("method", "unigram")]), 1.0);
+    // Re-samples at temperature 1 differ from the response: the unigram score is in (0, 1).
+    let uni = metric(&text, "goodput_consistency_score_sum", &[("method", "unigram")]);
+    assert!(uni > 0.0 && uni < 1.0, "{uni}");
+    // The router's view: the windowed hallucination rate with its sample count (published
+    // every 250 ms).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let b = loop {
+        let b = gp.admin_json("/admin/backends").await;
+        if b["backends"][0]["window"]["quality"]["consistency_checked"] == 1 || Instant::now() > deadline {
+            break b;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let q = &b["backends"][0]["window"]["quality"];
+    assert_eq!(q["consistency_checked"], 1);
+    assert_eq!(q["hallucination_rate"], 0.0, "0.5 does not exceed the 0.5 threshold: {q}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_token_budget_skips_checks_and_counts_them() {
+    let (sim_addr, sim) = spawn_sim(0.0, 0.0, 16).await;
+    let gp = Goodput::start(&format!(
+        "backends:\n  - name: sim\n    url: http://{sim_addr}\n\
+         quality:\n  consistency:\n    sample_rate: 1.0\n    max_token_share: 0.5\n"
+    ));
+    // A check is estimated at 3 x (prompt + max_tokens), about 3x the request's own tokens:
+    // with half the user tokens as budget the first requests cannot afford one, a later one
+    // can, and the share stays under 0.5.
+    for _ in 0..8 {
+        let r = send(gp.proxy, post_json("/v1/chat/completions", &chat(16, false))).await;
+        assert_eq!(r.status, 200);
+    }
+    let text = wait_for(&gp, "goodput_shadow_checks_skipped_total", &[("reason", "token_budget")], 1.0).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let text2 = gp.metrics().await;
+    let shadow = metric(&text2, "goodput_shadow_tokens_total", &[]);
+    let user = metric(&text2, "goodput_tokens_total", &[]);
+    assert!(shadow <= 0.5 * user, "shadow {shadow} tokens vs user {user}");
+    let skipped = metric(&text, "goodput_shadow_checks_skipped_total", &[("reason", "token_budget")]);
+    assert!(skipped >= 1.0);
+    let checked = metric(&text2, "goodput_consistency_checked_total", &[]);
+    assert_eq!(sim.requests() as f64, 8.0 + 3.0 * checked, "every check that ran cost 3 re-samples");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_cancels_shadow_requests_upstream() {
+    // Slow generations (10 ms a token, 300 tokens: 3 s): the re-samples are still running when
+    // goodput is told to stop. The user's request sets no max_tokens, so neither do they.
+    let (sim_addr, sim) = spawn_sim(0.0, 10.0, 300).await;
+    let mut gp = Goodput::start(&consistency_yaml(&sim_addr, "    max_tokens: 300\n"));
+    let body = serde_json::json!({"model": "sim-model", "stream": true,
+        "messages": [{"role": "user", "content": "hi"}]})
+    .to_string();
+    let r = send(gp.proxy, post_json("/v1/chat/completions", &body)).await;
+    assert_eq!(r.status, 200);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sim.requests() < 2 {
+        assert!(Instant::now() < deadline, "no shadow request reached the upstream");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let t = Instant::now();
+    unsafe { libc::kill(gp.child.id() as i32, libc::SIGTERM) };
+    let status = gp.child.wait().unwrap();
+    assert!(status.success());
+    assert!(t.elapsed() < Duration::from_secs(2), "shutdown waited for the shadow requests");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while sim.cancelled() < 1 {
+        assert!(Instant::now() < deadline, "the upstream never saw the shadow requests go away");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
