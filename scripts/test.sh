@@ -16,7 +16,9 @@ export GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR
 GOODPUT_MODEL_DIR="$(scripts/setup-models.sh | tail -1)"
 ORT_DYLIB_PATH="$(scripts/setup-onnxruntime.sh | tail -1)"
 GOODPUT_MODELS_PYTHON="${GOODPUT_CACHE:-$HOME/.cache/goodput}/venv-models/bin/python"
-export GOODPUT_MODEL_DIR ORT_DYLIB_PATH GOODPUT_MODELS_PYTHON
+# The sentence encoder for consistency's embedding method (all-MiniLM-L6-v2 → ONNX).
+GOODPUT_EMBED_DIR="$(scripts/setup-embeddings.sh | tail -1)"
+export GOODPUT_MODEL_DIR ORT_DYLIB_PATH GOODPUT_MODELS_PYTHON GOODPUT_EMBED_DIR
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release --tests

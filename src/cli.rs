@@ -189,8 +189,29 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("perplexity scorer: {e}"))?;
+    let embedder = match cfg.quality.consistency.as_ref() {
+        Some(c) if c.methods.contains(&crate::config::Method::Embedding) => {
+            let dir = c.embedding_model_dir.clone().unwrap_or_default();
+            let lib =
+                cfg.quality.perplexity.as_ref().and_then(|p| p.onnxruntime.clone()).or(c.onnxruntime.clone());
+            let e = tokio::task::spawn_blocking(move || {
+                crate::quality::embed::Embedder::load(&dir, lib.as_deref(), 1)
+            })
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("embedding model: {e}"))?;
+            Some(e)
+        }
+        _ => None,
+    };
     let checker = cfg.quality.consistency.clone().map(|c| {
-        crate::quality::consistency::Checker::start(c, handle.clone(), metrics.clone(), results_tx_c)
+        crate::quality::consistency::Checker::start(
+            c,
+            handle.clone(),
+            metrics.clone(),
+            results_tx_c,
+            embedder,
+        )
     });
     let sampling = Sampling { perplexity: scorer.is_some(), consistency: checker.is_some() };
     let quality = (sampling.perplexity || sampling.consistency).then(|| QualityLink {

@@ -26,10 +26,11 @@ def read_safetensors(path):
     for name, meta in header.items():
         if name == "__metadata__":
             continue
-        if meta["dtype"] != "F32":
+        dtype = {"F32": "<f4", "I64": "<i8"}.get(meta["dtype"])
+        if dtype is None:
             sys.exit(f"{name}: unsupported dtype {meta['dtype']}")
         a, b = meta["data_offsets"]
-        out[name] = np.frombuffer(data[a:b], dtype="<f4").reshape(meta["shape"])
+        out[name] = np.frombuffer(data[a:b], dtype=dtype).reshape(meta["shape"])
     return out
 
 
@@ -67,8 +68,9 @@ def main():
     def heads(t):  # [B,S,H] -> [B,nh,S,hd]
         return op("Transpose", [op("Reshape", [t, c([0, 0, nh, hd], np.int64)])], perm=[0, 2, 1, 3])
 
-    seq = op("Gather", [op("Shape", ["input_ids"]), c(1, np.int64)], axis=0)
-    positions = op("Range", [c(0, np.int64), seq, c(1, np.int64)])
+    # Positions 0..S-1 for every row (padding is on the right, as BERT expects).
+    ones = op("Add", [op("Mul", ["input_ids", c(0, np.int64)]), c(1, np.int64)])
+    positions = op("Sub", [op("CumSum", [ones, c(1, np.int64)]), c(1, np.int64)])
     x = op("Add", [op("Gather", [init("word", W["embeddings.word_embeddings.weight"]), "input_ids"], axis=0),
                    op("Gather", [init("pos", W["embeddings.position_embeddings.weight"]), positions], axis=0)])
     x = op("Add", [x, op("Gather", [init("type", W["embeddings.token_type_embeddings.weight"]), "token_type_ids"], axis=0)])

@@ -85,6 +85,18 @@ pub enum Method {
     Unigram,
     /// SelfCheck-Prompt: a judge answers whether each sample supports each sentence.
     Prompt,
+    /// BERTScore-style: each sentence's best cosine match (sentence embeddings) in each sample.
+    Embedding,
+}
+
+impl Method {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Unigram => "unigram",
+            Method::Prompt => "prompt",
+            Method::Embedding => "embedding",
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -135,6 +147,13 @@ pub struct ConsistencyConfig {
     /// Per shadow request: headers, then the whole body.
     #[serde(default = "default_shadow_timeout")]
     pub timeout_ms: u64,
+    /// For `embedding`: model.onnx (output `sentence_embedding`) and tokenizer.json;
+    /// scripts/setup-embeddings.sh makes all-MiniLM-L6-v2's. Read at start-up.
+    #[serde(default)]
+    pub embedding_model_dir: Option<PathBuf>,
+    /// libonnxruntime.so for `embedding` when no perplexity model names one (else ORT_DYLIB_PATH).
+    #[serde(default)]
+    pub onnxruntime: Option<PathBuf>,
 }
 
 fn default_consistency_rate() -> f64 {
@@ -223,7 +242,22 @@ impl QualityConfig {
                 err(format!("{p}.max_tokens"), "must be > 0".into());
             }
             if c.methods.is_empty() {
-                err(format!("{p}.methods"), "name at least one of unigram, prompt".into());
+                err(format!("{p}.methods"), "name at least one of unigram, prompt, embedding".into());
+            }
+            if c.methods.contains(&Method::Embedding) {
+                match &c.embedding_model_dir {
+                    None => {
+                        err(format!("{p}.embedding_model_dir"), "required by the embedding method".into())
+                    }
+                    Some(d) if !d.join("model.onnx").is_file() || !d.join("tokenizer.json").is_file() => err(
+                        format!("{p}.embedding_model_dir"),
+                        format!(
+                            "no model.onnx and tokenizer.json in {} (scripts/setup-embeddings.sh)",
+                            d.display()
+                        ),
+                    ),
+                    Some(_) => {}
+                }
             }
             if c.max_sentences == 0 || c.max_concurrent == 0 || c.queue_capacity == 0 || c.timeout_ms == 0 {
                 err(

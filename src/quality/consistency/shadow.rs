@@ -22,6 +22,7 @@ use crate::config::{ConfigHandle, ConsistencyConfig, Method};
 use crate::meter::metrics::Metrics;
 use crate::openai::Operation;
 use crate::openai::response::parse_response;
+use crate::quality::embed::{Embedder, bertscore_like};
 use crate::quality::{QualityEvent, Subject};
 
 /// Marks a shadow request for the backend's logs and for any proxy in between.
@@ -62,11 +63,14 @@ pub struct Checker {
 
 impl Checker {
     /// Start the engine task on the current tokio runtime.
+    /// Start the engine task on the current tokio runtime. `embedder` is required by the
+    /// `embedding` method (load it with `Embedder::load`, off the async runtime).
     pub fn start(
         cfg: ConsistencyConfig,
         config: Arc<ConfigHandle>,
         metrics: Metrics,
         results: std::sync::mpsc::Sender<QualityEvent>,
+        embedder: Option<Embedder>,
     ) -> Checker {
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
         let (cancel, cancelled) = watch::channel(false);
@@ -88,6 +92,7 @@ impl Checker {
             user_tokens: user_tokens.clone(),
             shadow_tokens: Arc::new(AtomicU64::new(0)),
             reserved: Arc::new(AtomicU64::new(0)),
+            embedder: embedder.map(|e| Arc::new(std::sync::Mutex::new(e))),
         };
         tokio::spawn(engine.run(rx, cancelled));
         Checker { tx, cancel, metrics, user_tokens }
@@ -122,6 +127,8 @@ struct Engine {
     shadow_tokens: Arc<AtomicU64>,
     /// Estimated cost of the checks in flight, held against the budget until they end.
     reserved: Arc<AtomicU64>,
+    /// One session, used from the blocking pool (never a tokio worker), one batch at a time.
+    embedder: Option<Arc<std::sync::Mutex<Embedder>>>,
 }
 
 impl Engine {
@@ -231,6 +238,31 @@ impl Engine {
                         Err(_) => continue,
                     }
                 }
+                Method::Embedding => {
+                    let Some(emb) = self.embedder.clone() else { continue };
+                    let (s, samp) = (sentences.clone(), samples.clone());
+                    let r = tokio::task::spawn_blocking(
+                        move || -> Result<Vec<f64>, crate::quality::lm::LmError> {
+                            let mut e = emb.lock().unwrap_or_else(|p| p.into_inner());
+                            let refs: Vec<&str> = s.iter().map(String::as_str).collect();
+                            let sent_vecs = e.embed(&refs)?;
+                            let mut sample_vecs = Vec::with_capacity(samp.len());
+                            for sample in &samp {
+                                sample_vecs.push(e.embed(&text::sentences(sample))?);
+                            }
+                            Ok(bertscore_like(&sent_vecs, &sample_vecs))
+                        },
+                    )
+                    .await;
+                    match r {
+                        Ok(Ok(v)) => v,
+                        Ok(Err(e)) => {
+                            tracing::warn!(error = %e, "embedding failed");
+                            continue;
+                        }
+                        Err(_) => continue,
+                    }
+                }
                 Method::Prompt => {
                     let model = c
                         .judge_model
@@ -274,10 +306,7 @@ impl Engine {
             per_method.iter().filter_map(|(m, v)| mean(v).map(|s| (*m, s))).collect();
         let labels = job.of.labels();
         for (m, s) in &method_scores {
-            let name = match m {
-                Method::Unigram => "unigram",
-                Method::Prompt => "prompt",
-            };
+            let name = m.as_str();
             self.metrics
                 .consistency_score
                 .with_label_values(&[labels[0], labels[1], labels[2], name])
