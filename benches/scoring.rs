@@ -2,7 +2,8 @@
 //! tokens/s at batch 1x512 and 8x128 (`cargo bench --bench scoring`). Needs GOODPUT_MODEL_DIR
 //! and ORT_DYLIB_PATH (scripts/setup-models.sh, scripts/setup-onnxruntime.sh);
 //! scripts/bench-scoring.sh runs it beside Python onnxruntime and llama.cpp on the same model.
-//! Prints one JSON line per shape: median tokens/s over BENCH_REPS runs (default 7).
+//! Prints one JSON line per shape: median tokens/s over BENCH_REPS runs (default 7). With
+//! GOODPUT_EMBED_DIR (scripts/setup-embeddings.sh) also the sentence encoder's sentences/s.
 
 use goodput::config::Device;
 use goodput::quality::lm::{LmAssets, LmOptions, ReferenceLm};
@@ -30,6 +31,9 @@ fn main() {
             })
             .collect()
     };
+    if let Some(edir) = std::env::var_os("GOODPUT_EMBED_DIR").map(PathBuf::from) {
+        embedding(&edir, threads, reps);
+    }
     for (b, s) in [(1usize, 512usize), (8, 128)] {
         let rows: Vec<Vec<u32>> = (0..b).map(|i| ids(s, i as u64 + 1)).collect();
         let refs: Vec<&[u32]> = rows.iter().map(|r| r.as_slice()).collect();
@@ -45,6 +49,34 @@ fn main() {
         rates.sort_by(f64::total_cmp);
         println!(
             "{{\"impl\":\"goodput (ort)\",\"shape\":\"{b}x{s}\",\"threads\":{threads},\"tokens_per_s\":{:.1}}}",
+            rates[reps / 2]
+        );
+    }
+}
+
+/// Sentences/s of the embedding model on typical response sentences (12-25 words), in batches
+/// of 1 and 16 (a check embeds a response's sentences, then each sample's, batch by batch).
+fn embedding(dir: &std::path::Path, threads: usize, reps: usize) {
+    let mut e = goodput::quality::embed::Embedder::load(dir, None, threads).expect("embedding model");
+    let words = ["the", "tower", "was", "built", "in", "Paris", "for", "a", "fair", "and", "it", "stands", "tall"];
+    let sentences: Vec<String> = (0..64)
+        .map(|i| (0..12 + i % 14).map(|j| words[(i * 7 + j * 3) % words.len()]).collect::<Vec<_>>().join(" ") + ".")
+        .collect();
+    let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
+    for batch in [1usize, 16] {
+        e.embed(&refs[..batch]).expect("warm-up");
+        let mut rates: Vec<f64> = (0..reps)
+            .map(|_| {
+                let t = Instant::now();
+                for chunk in refs.chunks(batch) {
+                    std::hint::black_box(e.embed(chunk).expect("embed"));
+                }
+                refs.len() as f64 / t.elapsed().as_secs_f64()
+            })
+            .collect();
+        rates.sort_by(f64::total_cmp);
+        println!(
+            "{{\"impl\":\"goodput embedding (ort)\",\"shape\":\"batch {batch}\",\"threads\":{threads},\"sentences_per_s\":{:.1}}}",
             rates[reps / 2]
         );
     }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Does scoring cost the proxy latency? The same simulated upstream (no artificial delay) and the
-# same open-loop k6 load, direct vs goodput without scoring vs goodput scoring 100% of requests
-# (perplexity on one niced scoring thread; what it cannot keep up with is dropped and counted),
-# alternated REPS times. A fresh goodput per run, so that no scoring backlog spills over.
+# Does quality scoring cost the proxy latency? The same simulated upstream (no artificial delay)
+# and the same open-loop k6 load, direct vs goodput without scoring vs goodput scoring 100% of
+# requests for perplexity (one SCHED_IDLE scoring thread; what it cannot keep up with is dropped
+# and counted) vs goodput checking 100% for consistency (K=3 re-samples, unigram + embedding,
+# default budget: 20% of user tokens, 2 shadow requests at once), alternated REPS times. A fresh
+# goodput per run, so that no backlog spills over.
 #
 #   scripts/bench-scoring-overhead.sh [RATE=200] [DURATION=15s] [REPS=3]
 set -euo pipefail
@@ -15,6 +17,7 @@ OUT=target/bench
 mkdir -p "$OUT"
 K6="$(scripts/setup-bench.sh | tail -1)"
 MODEL="$(scripts/setup-models.sh | tail -1)"
+EMBED="$(scripts/setup-embeddings.sh | tail -1)"
 ORT="$(scripts/setup-onnxruntime.sh | tail -1)"
 cargo build --release --quiet
 BIN=target/release/goodput
@@ -27,12 +30,15 @@ printf 'backends:\n  - name: sim\n    url: http://%s\n    models: [sim-model]\n'
 cp "$OUT/plain.yaml" "$OUT/scored.yaml"
 printf 'quality:\n  sample_rate: 1.0\n  queue_capacity: 16\n  perplexity:\n    model_dir: %s\n    onnxruntime: %s\n' \
   "$MODEL" "$ORT" >> "$OUT/scored.yaml"
+cp "$OUT/plain.yaml" "$OUT/checked.yaml"
+printf 'quality:\n  consistency:\n    sample_rate: 1.0\n    methods: [unigram, embedding]\n    embedding_model_dir: %s\n    onnxruntime: %s\n' \
+  "$EMBED" "$ORT" >> "$OUT/checked.yaml"
 
 results="$OUT/scoring-overhead-runs.jsonl"
 : > "$results"
 for stream in 0 1; do
   for rep in $(seq "$REPS"); do
-    for path in direct plain scored; do
+    for path in direct plain scored checked; do
       extra='{}'
       if [ "$path" = direct ]; then
         r="$(run_k6 "http://$SIM/v1/chat/completions" "$RATE" "$stream")"
@@ -46,8 +52,8 @@ for stream in 0 1; do
 import json, sys
 v = {"scored": 0.0, "dropped": 0.0}
 for l in sys.stdin:
-    if l.startswith("goodput_scored_responses_total"): v["scored"] += float(l.split()[-1])
-    if l.startswith("goodput_scoring_dropped_total"): v["dropped"] += float(l.split()[-1])
+    if l.startswith(("goodput_scored_responses_total", "goodput_consistency_checked_total")): v["scored"] += float(l.split()[-1])
+    if l.startswith(("goodput_scoring_dropped_total", "goodput_shadow_checks_skipped_total")): v["dropped"] += float(l.split()[-1])
 print(json.dumps(v))')"
         kill "$gp_pid"; wait "$gp_pid" 2>/dev/null || true
       fi
@@ -59,17 +65,17 @@ done
 python3 - "$results" "$RATE" <<'PY'
 import json, statistics as st, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
-print(f"| mode | rate | direct p50 / p99 | no scoring: added p50 / p99 | 100% scored: added p50 / p99 | scored ÷ no scoring, added p99 | scored / dropped per run |")
+print(f"| mode | rate | direct p50 / p99 | no scoring: added p50 / p99 | 100% perplexity: added p50 / p99 | 100% consistency: added p50 / p99 | scored / dropped per run (perplexity; consistency) |")
 print("|---|---|---|---|---|---|---|")
 for stream in (0, 1):
     sel = lambda p: [r for r in runs if r["stream"] == stream and r["path"] == p]
     md = lambda xs, k: st.median(r["k6"][k] for r in xs)
-    d, pl, sc = sel("direct"), sel("plain"), sel("scored")
+    d, pl, sc, ch = sel("direct"), sel("plain"), sel("scored"), sel("checked")
     us = lambda v: f"{v * 1000:.0f} µs"
     ap50, ap99 = md(pl, "med_ms") - md(d, "med_ms"), md(pl, "p99_ms") - md(d, "p99_ms")
     sp50, sp99 = md(sc, "med_ms") - md(d, "med_ms"), md(sc, "p99_ms") - md(d, "p99_ms")
-    counts = ", ".join(f"{r['scoring']['scored']:.0f}/{r['scoring']['dropped']:.0f}" for r in sc)
-    ratio = sp99 / ap99 if ap99 > 0 else float("nan")
+    cp50, cp99 = md(ch, "med_ms") - md(d, "med_ms"), md(ch, "p99_ms") - md(d, "p99_ms")
+    counts = lambda xs: ", ".join(f"{r['scoring']['scored']:.0f}/{r['scoring']['dropped']:.0f}" for r in xs)
     print(f"| {'stream' if stream else 'non-stream'} | {sys.argv[2]} | {md(d, 'med_ms'):.3f} / {md(d, 'p99_ms'):.3f} ms | "
-          f"{us(ap50)} / {us(ap99)} | {us(sp50)} / {us(sp99)} | {ratio:.2f} | {counts} |")
+          f"{us(ap50)} / {us(ap99)} | {us(sp50)} / {us(sp99)} | {us(cp50)} / {us(cp99)} | {counts(sc)}; {counts(ch)} |")
 PY
