@@ -58,9 +58,12 @@ fn main() {
 /// of 1 and 16 (a check embeds a response's sentences, then each sample's, batch by batch).
 fn embedding(dir: &std::path::Path, threads: usize, reps: usize) {
     let mut e = goodput::quality::embed::Embedder::load(dir, None, threads).expect("embedding model");
-    let words = ["the", "tower", "was", "built", "in", "Paris", "for", "a", "fair", "and", "it", "stands", "tall"];
+    let words =
+        ["the", "tower", "was", "built", "in", "Paris", "for", "a", "fair", "and", "it", "stands", "tall"];
     let sentences: Vec<String> = (0..64)
-        .map(|i| (0..12 + i % 14).map(|j| words[(i * 7 + j * 3) % words.len()]).collect::<Vec<_>>().join(" ") + ".")
+        .map(|i| {
+            (0..12 + i % 14).map(|j| words[(i * 7 + j * 3) % words.len()]).collect::<Vec<_>>().join(" ") + "."
+        })
         .collect();
     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
     for batch in [1usize, 16] {

@@ -120,7 +120,7 @@ impl Scorer {
 /// Scoring yields the CPU to the proxy: this thread, and the ONNX Runtime threads its session
 /// creates (they inherit it), run under SCHED_IDLE, so that any proxy thread that wakes up
 /// preempts them at once (nice 19 where SCHED_IDLE is refused).
-fn lower_priority() {
+pub(crate) fn lower_priority() {
     #[cfg(target_os = "linux")]
     // SAFETY: both calls only change this thread's own scheduling; pid 0 / its tid is itself.
     unsafe {

@@ -23,6 +23,7 @@ use crate::meter::metrics::Metrics;
 use crate::openai::Operation;
 use crate::openai::response::parse_response;
 use crate::quality::embed::{Embedder, bertscore_like};
+use crate::quality::lm::LmError;
 use crate::quality::{QualityEvent, Subject};
 
 /// Marks a shadow request for the backend's logs and for any proxy in between.
@@ -92,7 +93,7 @@ impl Checker {
             user_tokens: user_tokens.clone(),
             shadow_tokens: Arc::new(AtomicU64::new(0)),
             reserved: Arc::new(AtomicU64::new(0)),
-            embedder: embedder.map(|e| Arc::new(std::sync::Mutex::new(e))),
+            embedder: embedder.map(EmbedWorker::start),
         };
         tokio::spawn(engine.run(rx, cancelled));
         Checker { tx, cancel, metrics, user_tokens }
@@ -127,8 +128,47 @@ struct Engine {
     shadow_tokens: Arc<AtomicU64>,
     /// Estimated cost of the checks in flight, held against the budget until they end.
     reserved: Arc<AtomicU64>,
-    /// One session, used from the blocking pool (never a tokio worker), one batch at a time.
-    embedder: Option<Arc<std::sync::Mutex<Embedder>>>,
+    /// The embedding session's own thread (SCHED_IDLE, like the perplexity scorer's).
+    embedder: Option<EmbedWorker>,
+}
+
+type EmbedTask = (Vec<String>, Vec<String>, tokio::sync::oneshot::Sender<Result<Vec<f64>, LmError>>);
+
+/// A thread that owns the embedding session and scores (sentences, samples) pairs in turn, at
+/// idle priority: the proxy's threads preempt it whenever they wake.
+struct EmbedWorker {
+    tx: std::sync::mpsc::Sender<EmbedTask>,
+}
+
+impl EmbedWorker {
+    fn start(mut e: Embedder) -> EmbedWorker {
+        let (tx, rx) = std::sync::mpsc::channel::<EmbedTask>();
+        let spawned = std::thread::Builder::new().name("goodput-embed".into()).spawn(move || {
+            crate::quality::scorer::lower_priority();
+            for (sentences, samples, reply) in rx {
+                let mut run = || -> Result<Vec<f64>, LmError> {
+                    let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
+                    let sent_vecs = e.embed(&refs)?;
+                    let mut sample_vecs = Vec::with_capacity(samples.len());
+                    for sample in &samples {
+                        sample_vecs.push(e.embed(&text::sentences(sample))?);
+                    }
+                    Ok(bertscore_like(&sent_vecs, &sample_vecs))
+                };
+                let _ = reply.send(run());
+            }
+        });
+        if let Err(err) = spawned {
+            tracing::error!(%err, "cannot start the embedding thread");
+        }
+        EmbedWorker { tx }
+    }
+
+    async fn score(&self, sentences: Vec<String>, samples: Vec<String>) -> Result<Vec<f64>, LmError> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.tx.send((sentences, samples, tx)).map_err(|_| LmError("embedding thread gone".into()))?;
+        rx.await.map_err(|_| LmError("embedding thread gone".into()))?
+    }
 }
 
 impl Engine {
@@ -239,28 +279,13 @@ impl Engine {
                     }
                 }
                 Method::Embedding => {
-                    let Some(emb) = self.embedder.clone() else { continue };
-                    let (s, samp) = (sentences.clone(), samples.clone());
-                    let r = tokio::task::spawn_blocking(
-                        move || -> Result<Vec<f64>, crate::quality::lm::LmError> {
-                            let mut e = emb.lock().unwrap_or_else(|p| p.into_inner());
-                            let refs: Vec<&str> = s.iter().map(String::as_str).collect();
-                            let sent_vecs = e.embed(&refs)?;
-                            let mut sample_vecs = Vec::with_capacity(samp.len());
-                            for sample in &samp {
-                                sample_vecs.push(e.embed(&text::sentences(sample))?);
-                            }
-                            Ok(bertscore_like(&sent_vecs, &sample_vecs))
-                        },
-                    )
-                    .await;
-                    match r {
-                        Ok(Ok(v)) => v,
-                        Ok(Err(e)) => {
+                    let Some(emb) = &self.embedder else { continue };
+                    match emb.score(sentences.clone(), samples.clone()).await {
+                        Ok(v) => v,
+                        Err(e) => {
                             tracing::warn!(error = %e, "embedding failed");
                             continue;
                         }
-                        Err(_) => continue,
                     }
                 }
                 Method::Prompt => {
