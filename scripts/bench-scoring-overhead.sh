@@ -6,7 +6,8 @@
 # default budget: 20% of user tokens, 2 shadow requests at once), alternated REPS times. A fresh
 # goodput per run, so that no backlog spills over.
 #
-#   RATE=200 DURATION=15s REPS=3 CHECK_RATE=0.05 scripts/bench-scoring-overhead.sh
+#   RATE=200 DURATION=15s REPS=3 CHECK_RATE=0.05 [PATHS="direct plain scored checked"] \
+#     scripts/bench-scoring-overhead.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE="${RATE:-200}"
@@ -40,7 +41,7 @@ results="$OUT/scoring-overhead-runs.jsonl"
 : > "$results"
 for stream in 0 1; do
   for rep in $(seq "$REPS"); do
-    for path in direct plain scored checked; do
+    for path in ${PATHS:-direct plain scored checked}; do
       extra='{}'
       if [ "$path" = direct ]; then
         r="$(run_k6 "http://$SIM/v1/chat/completions" "$RATE" "$stream")"
@@ -73,6 +74,8 @@ for stream in (0, 1):
     sel = lambda p: [r for r in runs if r["stream"] == stream and r["path"] == p]
     md = lambda xs, k: st.median(r["k6"][k] for r in xs)
     d, pl, sc, ch = sel("direct"), sel("plain"), sel("scored"), sel("checked")
+    nan = [{"k6": {"med_ms": float("nan"), "p99_ms": float("nan")}, "scoring": {"scored": 0, "dropped": 0}}]
+    sc, ch = sc or nan, ch or nan
     us = lambda v: f"{v * 1000:.0f} µs"
     ap50, ap99 = md(pl, "med_ms") - md(d, "med_ms"), md(pl, "p99_ms") - md(d, "p99_ms")
     sp50, sp99 = md(sc, "med_ms") - md(d, "med_ms"), md(sc, "p99_ms") - md(d, "p99_ms")
