@@ -10,4 +10,5 @@ pub mod meter;
 pub mod openai;
 pub mod proxy;
 pub mod quality;
+pub mod route;
 pub mod sim;

@@ -26,9 +26,35 @@ pub fn judge(r: &RequestRecord, slo: &Slo) -> Option<bool> {
     Some(ok_ttft && ok_tpot && ok_e2e)
 }
 
+/// The Wilson score interval for a proportion: `successes` of `n` at z (1.96 for 95%). Quality
+/// is measured on a sample only, so the quality-weighted goodput carries this interval. `None`
+/// without observations.
+pub fn wilson(successes: u64, n: u64, z: f64) -> Option<(f64, f64)> {
+    if n == 0 {
+        return None;
+    }
+    let (n, p) = (n as f64, successes.min(n) as f64 / n as f64);
+    let z2 = z * z;
+    let center = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
+    let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / (1.0 + z2 / n);
+    Some(((center - half).max(0.0), (center + half).min(1.0)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wilson_interval() {
+        // Reference values (e.g. statsmodels proportion_confint(method="wilson")).
+        let (lo, hi) = wilson(8, 10, 1.96).unwrap();
+        assert!((lo - 0.4902).abs() < 1e-3 && (hi - 0.9433).abs() < 1e-3, "{lo} {hi}");
+        let (lo, hi) = wilson(0, 50, 1.96).unwrap();
+        assert!(lo == 0.0 && (hi - 0.0713).abs() < 1e-3, "{lo} {hi}");
+        let (lo, hi) = wilson(500, 1000, 1.96).unwrap();
+        assert!((lo - 0.4691).abs() < 1e-3 && (hi - 0.5309).abs() < 1e-3);
+        assert_eq!(wilson(0, 0, 1.96), None);
+    }
     use crate::meter::record::TokenSource;
     use crate::openai::Operation;
     use std::time::Duration;

@@ -1,0 +1,408 @@
+//! The decision: a statistics snapshot in, a choice and its reason out.
+//!
+//! 1. Health: backends whose circuit is open, or that are at their concurrency limit, are out.
+//! 2. Exploration: a small share of decisions picks any healthy backend, so that every backend's
+//!    statistics stay fresh.
+//! 3. Compliance: a backend complies with a class when each of its windowed statistics that the
+//!    class constrains meets the bound. A statistic with fewer samples than the policy's minimum
+//!    is not trusted and does not disqualify (a new backend must be able to earn its numbers).
+//! 4. Choice among compliant backends by the class's objective; near-ties (within 5%) go to the
+//!    less loaded of two drawn at random (power of two choices).
+//! 5. No compliant backend: best effort, the one with the fewest violated bounds, reason
+//!    `sla_unmet`.
+
+use serde::Serialize;
+use std::fmt::Write;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Objective {
+    Cheapest,
+    Fastest,
+    BestQuality,
+    BestValue,
+}
+
+/// An SLA class: latency bounds on p95s, quality floors and an objective.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Class {
+    pub ttft_p95_ms: Option<f64>,
+    pub tpot_p95_ms: Option<f64>,
+    pub e2e_p95_ms: Option<f64>,
+    pub max_perplexity: Option<f64>,
+    pub max_hallucination_rate: Option<f64>,
+    pub objective: Objective,
+}
+
+/// A backend's windowed statistics (the recorder's windows, or Prometheus in multi-replica mode).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Stats {
+    /// Requests in the latency window.
+    pub samples: u64,
+    pub ttft_p95_ms: Option<f64>,
+    pub tpot_p95_ms: Option<f64>,
+    pub e2e_p95_ms: Option<f64>,
+    /// Output tokens per second over the window.
+    pub tokens_per_sec: f64,
+    /// Scored responses in the quality window, and their typical perplexity.
+    pub scored: u64,
+    pub perplexity: Option<f64>,
+    /// Consistency-checked responses, and the share judged hallucinated.
+    pub checked: u64,
+    pub hallucination_rate: Option<f64>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    pub name: String,
+    /// The circuit breaker lets a request through.
+    pub healthy: bool,
+    pub outstanding: u64,
+    pub max_concurrency: Option<u64>,
+    /// Price per 1M input and output tokens.
+    pub price_input: f64,
+    pub price_output: f64,
+    pub stats: Stats,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Policy {
+    /// Latency statistics need this many requests in the window to be trusted.
+    pub min_samples: u64,
+    /// Quality statistics need this many scored (or checked) responses to be trusted.
+    pub min_quality_samples: u64,
+    /// Share of decisions that explore (e.g. 0.02–0.05).
+    pub exploration: f64,
+}
+
+/// The randomness a decision uses, drawn by the caller: `explore` uniform in [0, 1), `a` and `b`
+/// any integers (taken modulo the number of candidates).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Draw {
+    pub explore: f64,
+    pub a: usize,
+    pub b: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Reason {
+    Cheapest,
+    Fastest,
+    BestQuality,
+    BestValue,
+    Explore,
+    SlaUnmet,
+    NoHealthyBackend,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::Cheapest => "cheapest",
+            Reason::Fastest => "fastest",
+            Reason::BestQuality => "best_quality",
+            Reason::BestValue => "best_value",
+            Reason::Explore => "explore",
+            Reason::SlaUnmet => "sla_unmet",
+            Reason::NoHealthyBackend => "no_healthy_backend",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Decision {
+    /// Index into the candidates; `None` only with `no_healthy_backend`.
+    pub backend: Option<usize>,
+    pub reason: Reason,
+    /// Indices of the compliant candidates.
+    pub compliant: Vec<usize>,
+    /// One line a person can read: what was chosen, why, and why the others were not.
+    pub explanation: String,
+}
+
+/// The bounds a candidate violates, with trusted statistics only.
+pub fn violations(class: &Class, c: &Candidate, p: &Policy) -> Vec<String> {
+    let mut v = Vec::new();
+    let s = &c.stats;
+    if s.samples >= p.min_samples {
+        for (what, bound, got) in [
+            ("ttft p95", class.ttft_p95_ms, s.ttft_p95_ms),
+            ("tpot p95", class.tpot_p95_ms, s.tpot_p95_ms),
+            ("e2e p95", class.e2e_p95_ms, s.e2e_p95_ms),
+        ] {
+            if let (Some(b), Some(g)) = (bound, got)
+                && g > b
+            {
+                v.push(format!("{what} {g:.0} ms > {b:.0} ms"));
+            }
+        }
+    }
+    if s.scored >= p.min_quality_samples
+        && let (Some(b), Some(g)) = (class.max_perplexity, s.perplexity)
+        && g > b
+    {
+        v.push(format!("perplexity {g:.1} > {b:.1}"));
+    }
+    if s.checked >= p.min_quality_samples
+        && let (Some(b), Some(g)) = (class.max_hallucination_rate, s.hallucination_rate)
+        && g > b
+    {
+        v.push(format!("hallucination rate {g:.2} > {b:.2}"));
+    }
+    v
+}
+
+/// The objective's cost of a candidate: lower is better. Unknown statistics cost the most
+/// among known ones would, so that a measured good backend beats an unmeasured one.
+fn cost(obj: Objective, c: &Candidate) -> f64 {
+    let s = &c.stats;
+    let price = c.price_input + c.price_output;
+    let ppl = s.perplexity.unwrap_or(f64::INFINITY);
+    match obj {
+        Objective::Cheapest => price,
+        Objective::Fastest => s.ttft_p95_ms.or(s.e2e_p95_ms).unwrap_or(f64::INFINITY),
+        Objective::BestQuality => ppl * (1.0 + s.hallucination_rate.unwrap_or(0.0)),
+        // The seed's tput / (ppl x price), with quality: effective tokens/s = tput x (1 - h).
+        Objective::BestValue => {
+            let value =
+                s.tokens_per_sec * (1.0 - s.hallucination_rate.unwrap_or(0.0)) / (ppl * price.max(1e-9));
+            if value.is_finite() && value > 0.0 { 1.0 / value } else { f64::INFINITY }
+        }
+    }
+}
+
+pub fn decide(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decision {
+    let mut why = String::new();
+    let usable: Vec<usize> = (0..cands.len())
+        .filter(|&i| {
+            let c = &cands[i];
+            let ok = c.healthy && c.max_concurrency.is_none_or(|m| c.outstanding < m);
+            if !ok {
+                let _ = write!(
+                    why,
+                    "; {} {}",
+                    c.name,
+                    if c.healthy { "at its concurrency limit" } else { "unhealthy" }
+                );
+            }
+            ok
+        })
+        .collect();
+    if usable.is_empty() {
+        return Decision {
+            backend: None,
+            reason: Reason::NoHealthyBackend,
+            compliant: Vec::new(),
+            explanation: format!("no healthy backend{why}"),
+        };
+    }
+    let compliant: Vec<usize> = usable
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let v = violations(class, &cands[i], p);
+            if !v.is_empty() {
+                let _ = write!(why, "; {} misses {}", cands[i].name, v.join(", "));
+            }
+            v.is_empty()
+        })
+        .collect();
+    if d.explore < p.exploration {
+        let i = usable[d.a % usable.len()];
+        return Decision {
+            backend: Some(i),
+            reason: Reason::Explore,
+            compliant,
+            explanation: format!("explore: {} (share {:.0}%){why}", cands[i].name, p.exploration * 100.0),
+        };
+    }
+    if compliant.is_empty() {
+        // Best effort: the fewest violated bounds, then the objective.
+        let i = *usable
+            .iter()
+            .min_by(|&&x, &&y| {
+                let (vx, vy) = (violations(class, &cands[x], p).len(), violations(class, &cands[y], p).len());
+                vx.cmp(&vy)
+                    .then(cost(class.objective, &cands[x]).total_cmp(&cost(class.objective, &cands[y])))
+            })
+            .expect("usable is not empty");
+        return Decision {
+            backend: Some(i),
+            reason: Reason::SlaUnmet,
+            compliant,
+            explanation: format!("sla_unmet: best effort {}{why}", cands[i].name),
+        };
+    }
+    let best = compliant.iter().map(|&i| cost(class.objective, &cands[i])).fold(f64::INFINITY, f64::min);
+    let near: Vec<usize> = compliant
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let c = cost(class.objective, &cands[i]);
+            c == best || (best.is_finite() && c <= best * 1.05)
+        })
+        .collect();
+    // Power of two choices among the near-ties: the less loaded of two drawn.
+    let (x, y) = (near[d.a % near.len()], near[d.b % near.len()]);
+    let i = if cands[y].outstanding < cands[x].outstanding { y } else { x };
+    let reason = match class.objective {
+        Objective::Cheapest => Reason::Cheapest,
+        Objective::Fastest => Reason::Fastest,
+        Objective::BestQuality => Reason::BestQuality,
+        Objective::BestValue => Reason::BestValue,
+    };
+    let names: Vec<&str> = compliant.iter().map(|&j| cands[j].name.as_str()).collect();
+    Decision {
+        backend: Some(i),
+        reason,
+        explanation: format!(
+            "{}: {} among compliant [{}]{}{why}",
+            reason.as_str(),
+            cands[i].name,
+            names.join(", "),
+            if near.len() > 1 {
+                format!(" ({} near-tied, fewer outstanding)", near.len())
+            } else {
+                String::new()
+            }
+        ),
+        compliant,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cand(name: &str, price: f64, ttft: f64, ppl: f64) -> Candidate {
+        Candidate {
+            name: name.into(),
+            healthy: true,
+            outstanding: 0,
+            max_concurrency: None,
+            price_input: price / 2.0,
+            price_output: price / 2.0,
+            stats: Stats {
+                samples: 100,
+                ttft_p95_ms: Some(ttft),
+                tpot_p95_ms: Some(20.0),
+                e2e_p95_ms: Some(ttft + 1000.0),
+                tokens_per_sec: 1000.0,
+                scored: 50,
+                perplexity: Some(ppl),
+                checked: 50,
+                hallucination_rate: Some(0.1),
+            },
+        }
+    }
+
+    fn class(obj: Objective) -> Class {
+        Class {
+            ttft_p95_ms: Some(500.0),
+            tpot_p95_ms: Some(50.0),
+            e2e_p95_ms: None,
+            max_perplexity: Some(20.0),
+            max_hallucination_rate: Some(0.3),
+            objective: obj,
+        }
+    }
+
+    const P: Policy = Policy { min_samples: 20, min_quality_samples: 10, exploration: 0.05 };
+    const NO_EXPLORE: Draw = Draw { explore: 0.99, a: 0, b: 1 };
+
+    #[test]
+    fn each_objective_picks_its_backend_among_compliant_ones() {
+        let cands = vec![
+            cand("cheap", 1.0, 400.0, 15.0),
+            cand("fast", 5.0, 100.0, 12.0),
+            cand("good", 3.0, 300.0, 6.0),
+        ];
+        let pick = |o| decide(&class(o), &cands, &P, NO_EXPLORE);
+        assert_eq!(pick(Objective::Cheapest).backend, Some(0));
+        assert_eq!(pick(Objective::Fastest).backend, Some(1));
+        assert_eq!(pick(Objective::BestQuality).backend, Some(2));
+        // Value = tput (1 - h) / (ppl x price): 1/15, 1/60, 1/18 (x 900) -> cheap.
+        let d = pick(Objective::BestValue);
+        assert_eq!((d.backend, d.reason), (Some(0), Reason::BestValue));
+        assert!(
+            d.explanation.starts_with("best_value: cheap among compliant [cheap, fast, good]"),
+            "{}",
+            d.explanation
+        );
+    }
+
+    #[test]
+    fn non_compliant_backends_are_filtered_with_their_reasons() {
+        let mut slow = cand("slow-cheap", 0.5, 900.0, 10.0);
+        slow.stats.hallucination_rate = Some(0.5);
+        let cands = vec![slow, cand("ok", 2.0, 200.0, 10.0)];
+        let d = decide(&class(Objective::Cheapest), &cands, &P, NO_EXPLORE);
+        assert_eq!((d.backend, d.reason, d.compliant.clone()), (Some(1), Reason::Cheapest, vec![1]));
+        assert!(
+            d.explanation
+                .contains("slow-cheap misses ttft p95 900 ms > 500 ms, hallucination rate 0.50 > 0.30"),
+            "{}",
+            d.explanation
+        );
+    }
+
+    #[test]
+    fn untrusted_statistics_do_not_disqualify() {
+        let mut new = cand("new", 0.1, 5000.0, 99.0);
+        new.stats.samples = 3;
+        new.stats.scored = 2;
+        new.stats.checked = 0;
+        let cands = vec![cand("old", 1.0, 200.0, 10.0), new];
+        let d = decide(&class(Objective::Cheapest), &cands, &P, NO_EXPLORE);
+        assert_eq!(d.backend, Some(1), "too few samples to hold 5 s TTFT against it: {}", d.explanation);
+    }
+
+    #[test]
+    fn best_effort_when_nothing_complies() {
+        let cands = vec![cand("a", 1.0, 900.0, 30.0), cand("b", 2.0, 900.0, 10.0)];
+        let d = decide(&class(Objective::Cheapest), &cands, &P, NO_EXPLORE);
+        // a misses two bounds (ttft, perplexity), b one: b, flagged.
+        assert_eq!((d.backend, d.reason), (Some(1), Reason::SlaUnmet));
+        assert!(d.compliant.is_empty());
+    }
+
+    #[test]
+    fn unhealthy_and_saturated_backends_are_skipped() {
+        let mut a = cand("a", 1.0, 100.0, 10.0);
+        a.healthy = false;
+        let mut b = cand("b", 1.0, 100.0, 10.0);
+        b.max_concurrency = Some(4);
+        b.outstanding = 4;
+        let d = decide(&class(Objective::Cheapest), &[a.clone(), b.clone()], &P, NO_EXPLORE);
+        assert_eq!((d.backend, d.reason), (None, Reason::NoHealthyBackend));
+        assert!(
+            d.explanation.contains("a unhealthy") && d.explanation.contains("b at its concurrency limit")
+        );
+        let d = decide(&class(Objective::Cheapest), &[a, b, cand("c", 9.0, 100.0, 10.0)], &P, NO_EXPLORE);
+        assert_eq!(d.backend, Some(2));
+    }
+
+    #[test]
+    fn exploration_and_power_of_two_choices() {
+        let cands =
+            vec![cand("x", 1.0, 100.0, 10.0), cand("y", 1.02, 100.0, 10.0), cand("z", 9.0, 100.0, 10.0)];
+        let d = decide(&class(Objective::Cheapest), &cands, &P, Draw { explore: 0.01, a: 2, b: 0 });
+        assert_eq!((d.backend, d.reason), (Some(2), Reason::Explore));
+        // x and y are within 5% on price: the less loaded of the two drawn wins.
+        let mut loaded = cands.clone();
+        loaded[0].outstanding = 7;
+        let d = decide(&class(Objective::Cheapest), &loaded, &P, Draw { explore: 0.5, a: 0, b: 1 });
+        assert_eq!(d.backend, Some(1), "{}", d.explanation);
+        // Over many draws exploration is taken at about its share.
+        let n = 10_000;
+        let explored = (0..n)
+            .filter(|i| {
+                let e = (*i as f64 + 0.5) / n as f64;
+                decide(&class(Objective::Cheapest), &cands, &P, Draw { explore: e, a: *i, b: i / 3 }).reason
+                    == Reason::Explore
+            })
+            .count();
+        assert_eq!(explored, 500);
+    }
+}
