@@ -21,17 +21,14 @@ source scripts/bench/lib.sh
 
 start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
 SIM="${LINE##*addr=}"
-printf 'backends:\n  - name: sim\n    url: http://%s\n    models: [sim-model]\n' "$SIM" > "$OUT/cons-plain.yaml"
+sim_config "$SIM" "$OUT/cons-plain.yaml"
 cp "$OUT/cons-plain.yaml" "$OUT/cons-checked.yaml"
 printf 'quality:\n  consistency:\n    sample_rate: 1.0\n    samples: 3\n    max_token_share: 1000\n    methods: [prompt, unigram, embedding]\n    embedding_model_dir: %s\n    onnxruntime: %s\n' \
   "$EMBED" "$ORT" >> "$OUT/cons-checked.yaml"
 
 for mode in plain checked; do
-  start $BIN serve --config "$OUT/cons-$mode.yaml" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0
-  pid="${pids[-1]}"
-  GP="$(echo "$LINE" | sed -E 's/.*proxy=([^ ]+).*/\1/')"
-  ADMIN="$(echo "$LINE" | sed -E 's/.*admin=([^ ]+).*/\1/')"
-  python3 - "$GP" "$ADMIN" "$pid" "$N" "$mode" > "$OUT/cons-$mode.json" <<'PY'
+  start_goodput --config "$OUT/cons-$mode.yaml"
+  python3 - "$GP" "$ADMIN" "$GP_PID" "$N" "$mode" > "$OUT/cons-$mode.json" <<'PY'
 import json, os, sys, time, urllib.request
 gp, admin, pid, n, mode = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5]
 tick = os.sysconf("SC_CLK_TCK")
@@ -66,7 +63,7 @@ print(json.dumps({"cpu_s": cpu() - c0, "checked": total(m, "goodput_consistency_
                   "judge_tokens": total(m, "goodput_shadow_tokens_total", 'kind="judge"'),
                   "judge_calls": total(m, "goodput_shadow_requests_total", 'kind="judge"')}))
 PY
-  kill "$pid"; wait "$pid" 2>/dev/null || true
+  kill "$GP_PID"; wait "$GP_PID" 2>/dev/null || true
 done
 python3 - "$OUT/cons-plain.json" "$OUT/cons-checked.json" "$N" <<'PY'
 import json, sys

@@ -27,11 +27,7 @@ source scripts/bench/lib.sh
 
 start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
 SIM="${LINE##*addr=}"
-start $BIN serve --upstream "http://$SIM" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0
-GP_LINE="$LINE"
-GP="$(echo "$GP_LINE" | sed -E 's/.*proxy=([^ ]+).*/\1/')"
-ADMIN="$(echo "$GP_LINE" | sed -E 's/.*admin=([^ ]+).*/\1/')"
-GP_PID="${pids[-1]}"
+start_goodput --upstream "http://$SIM"
 NGINX_PORT="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
 NGINX_WORKERS=1 scripts/bench/nginx.sh "${SIM##*:}" "$NGINX_PORT" "$PWD/$OUT/nginx" 2>/dev/null &
 pids+=($!)
@@ -83,10 +79,7 @@ cat "$OUT/cl-goodput.json" "$OUT/cl-nginx.json" >&2
 kill "${pids[@]}" 2>/dev/null || true; pids=()
 start $BIN sim --listen 127.0.0.1:0 --ttft-ms 50 --tpot-ms 40 --output-tokens 300
 SIM="${LINE##*addr=}"
-start $BIN serve --upstream "http://$SIM" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0
-GP_LINE="$LINE"
-GP="$(echo "$GP_LINE" | sed -E 's/.*proxy=([^ ]+).*/\1/')"
-GP_PID="${pids[-1]}"
+start_goodput --upstream "http://$SIM"
 ulimit -n 65536 2>/dev/null || true
 python3 scripts/bench/open_streams.py "$GP" "$GP_PID" 1000 > "$OUT/streams.json"
 cat "$OUT/streams.json" >&2

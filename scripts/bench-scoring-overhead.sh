@@ -29,7 +29,7 @@ source scripts/bench/lib.sh
 
 start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
 SIM="${LINE##*addr=}"
-printf 'backends:\n  - name: sim\n    url: http://%s\n    models: [sim-model]\n' "$SIM" > "$OUT/plain.yaml"
+sim_config "$SIM" "$OUT/plain.yaml"
 cp "$OUT/plain.yaml" "$OUT/scored.yaml"
 printf 'quality:\n  sample_rate: 1.0\n  queue_capacity: 16\n  perplexity:\n    model_dir: %s\n    onnxruntime: %s\n' \
   "$MODEL" "$ORT" >> "$OUT/scored.yaml"
@@ -46,10 +46,7 @@ for stream in 0 1; do
       if [ "$path" = direct ]; then
         r="$(run_k6 "http://$SIM/v1/chat/completions" "$RATE" "$stream")"
       else
-        start $BIN serve --config "$OUT/$path.yaml" --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0
-        gp_pid="${pids[-1]}"
-        GP="$(echo "$LINE" | sed -E 's/.*proxy=([^ ]+).*/\1/')"
-        ADMIN="$(echo "$LINE" | sed -E 's/.*admin=([^ ]+).*/\1/')"
+        start_goodput --config "$OUT/$path.yaml"
         r="$(run_k6 "http://$GP/v1/chat/completions" "$RATE" "$stream")"
         extra="$(curl -s "http://$ADMIN/metrics" | python3 -c '
 import json, sys
@@ -58,7 +55,7 @@ for l in sys.stdin:
     if l.startswith(("goodput_scored_responses_total", "goodput_consistency_checked_total")): v["scored"] += float(l.split()[-1])
     if l.startswith(("goodput_scoring_dropped_total", "goodput_shadow_checks_skipped_total")): v["dropped"] += float(l.split()[-1])
 print(json.dumps(v))')"
-        kill "$gp_pid"; wait "$gp_pid" 2>/dev/null || true
+        kill "$GP_PID"; wait "$GP_PID" 2>/dev/null || true
       fi
       echo "{\"stream\":$stream,\"rep\":$rep,\"path\":\"$path\",\"k6\":$r,\"scoring\":$extra}" | tee -a "$results" >&2
     done

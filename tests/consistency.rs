@@ -41,6 +41,11 @@ async fn shadow_resamples_are_scored_and_not_user_traffic() {
         &sim_addr,
         "    methods: [prompt, unigram]\n    max_sentences: 2\n",
     ));
+    // Malformed JSON, even with the forcing header, is forwarded and never re-sampled.
+    let mut bad = post_json("/v1/chat/completions", "{\"model\": \"sim-model\", \"messages\": [");
+    bad.headers_mut().insert("x-goodput-score", "1".parse().unwrap());
+    let r = send(gp.proxy, bad).await;
+    assert_eq!(r.status, 400, "the upstream's answer reaches the client");
     let r = send(gp.proxy, post_json("/v1/chat/completions", &chat(24, true))).await;
     assert_eq!(r.status, 200);
     let text = wait_for(&gp, "goodput_consistency_checked_total", &[("backend", "sim")], 1.0).await;
@@ -51,12 +56,13 @@ async fn shadow_resamples_are_scored_and_not_user_traffic() {
     assert_eq!(samples, 3.0);
     assert!((3.0..=6.0).contains(&judged) && judged % 3.0 == 0.0, "judge calls {judged}");
     // The upstream saw all of them; goodput's user-traffic metrics saw one request.
+    // (The simulator counts generations: the malformed request was refused before one.)
     assert_eq!(sim.requests() as f64, 1.0 + samples + judged);
-    assert_eq!(metric(&text, "goodput_requests_total", &[]), 1.0);
+    assert_eq!(metric(&text, "goodput_requests_total", &[]), 2.0);
     assert!(metric(&text, "goodput_shadow_tokens_total", &[("kind", "sample"), ("type", "output")]) > 0.0);
 
     // The simulator's judge answers are neither Yes nor No: SelfCheck-Prompt maps them to 0.5.
-    let recs = gp.records(1).await;
+    let recs = gp.records(2).await;
     let rec = &recs[0];
     assert_eq!(rec["hallucination_score"], 0.5, "{rec}");
     let sentences = rec["sentence_scores"].as_array().unwrap();

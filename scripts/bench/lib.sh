@@ -1,4 +1,4 @@
-# Helpers shared by the benchmark scripts (sourced; expects $OUT, $K6, $DURATION, $TOKENS).
+# Helpers shared by the benchmark scripts (sourced; expects $OUT, $BIN, $K6, $DURATION, $TOKENS).
 
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
@@ -15,6 +15,17 @@ start() { # start CMD... ; sets LINE to its first stdout line, appends its pid t
     sleep 0.05
   done
   echo "did not start: $*" >&2; exit 1
+}
+
+start_goodput() { # goodput serve ARGS... on ephemeral ports; sets GP, ADMIN (addresses) and GP_PID
+  start "$BIN" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 "$@"
+  GP="$(echo "$LINE" | sed -E 's/.*proxy=([^ ]+).*/\1/')"
+  ADMIN="$(echo "$LINE" | sed -E 's/.*admin=([^ ]+).*/\1/')"
+  GP_PID="${pids[-1]}"
+}
+
+sim_config() { # SIM_ADDR FILE: a goodput config with the simulator at SIM_ADDR as its backend
+  printf 'backends:\n  - name: sim\n    url: http://%s\n    models: [sim-model]\n' "$1" > "$2"
 }
 
 run_k6() { # url rate stream -> json line {med, p99, dropped, failed}

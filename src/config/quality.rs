@@ -314,6 +314,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn bad_quality_settings_are_reported_with_their_paths() {
+        let e = crate::config::Config::from_yaml(
+            "backends:\n  - name: a\n    url: http://127.0.0.1:1\n\
+             quality:\n  sample_rate: 1.5\n  force_header: 'bad header'\n  perplexity:\n    model_dir: /nonexistent\n    device: gpu\n\
+             \x20 consistency:\n    samples: 0\n    methods: [embedding]\n    judge_backend: b\n",
+        )
+        .unwrap_err();
+        let paths: Vec<&str> = e.0.iter().map(|e| e.path.as_str()).collect();
+        for p in [
+            "quality.sample_rate",
+            "quality.force_header",
+            "quality.perplexity.model_dir",
+            "quality.perplexity.device",
+            "quality.consistency.samples",
+            "quality.consistency.embedding_model_dir",
+            "quality.consistency.judge_backend",
+        ] {
+            assert!(paths.contains(&p), "{p} not in {paths:?}");
+        }
+        let e = crate::config::Config::from_yaml(
+            "backends:\n  - name: a\n    url: http://127.0.0.1:1\nquality:\n  consistency:\n    methods: [nli]\n",
+        )
+        .unwrap_err();
+        assert_eq!(e.0[0].path, "quality.consistency.methods[0]", "{e}");
+    }
+
+    #[test]
     fn devices() {
         assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
         assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));

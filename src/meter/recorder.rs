@@ -112,7 +112,7 @@ fn run(
         if w.latency.len_secs() != lat {
             w.latency = Window::new(lat);
         }
-        if w.quality.len_secs() != QualityWindow::new(q).len_secs() {
+        if w.quality.len_secs() != QualityWindow::len_for(q) {
             w.quality = QualityWindow::new(q);
         }
     };

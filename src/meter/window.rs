@@ -239,7 +239,7 @@ pub struct QualitySnapshot {
 
 impl QualityWindow {
     pub fn new(window_secs: u64) -> QualityWindow {
-        let n = window_secs.div_ceil(QUALITY_SLOT_SECS).clamp(1, 8640) as usize;
+        let n = Self::slot_count(window_secs);
         let slot = QualitySlot {
             index: u64::MAX,
             perplexity: Histogram::new_with_bounds(1, 1_000_000_000_000, 2).expect("valid bounds"),
@@ -255,6 +255,15 @@ impl QualityWindow {
 
     pub fn len_secs(&self) -> u64 {
         self.slots.len() as u64 * QUALITY_SLOT_SECS
+    }
+
+    /// The length a window made for `window_secs` has (rounded up to whole slots).
+    pub fn len_for(window_secs: u64) -> u64 {
+        Self::slot_count(window_secs) as u64 * QUALITY_SLOT_SECS
+    }
+
+    fn slot_count(window_secs: u64) -> usize {
+        window_secs.div_ceil(QUALITY_SLOT_SECS).clamp(1, 8640) as usize
     }
 
     fn slot(&mut self, second: u64) -> &mut QualitySlot {

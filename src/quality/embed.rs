@@ -3,12 +3,11 @@
 //! Runtime. Output: unit-length vectors, so a dot product is the cosine similarity.
 
 use ort::session::Session;
-use ort::session::builder::GraphOptimizationLevel;
 use ort::value::Tensor;
 use std::path::Path;
 use tokenizers::Tokenizer;
 
-use super::lm::{LmError, environment};
+use super::lm::{LmError, environment, session_builder};
 
 pub struct Embedder {
     session: Session,
@@ -28,10 +27,7 @@ impl Embedder {
         let tokenizer = Tokenizer::from_file(dir.join("tokenizer.json"))
             .map_err(|e| LmError(format!("cannot load {}/tokenizer.json: {e}", dir.display())))?;
         let model = dir.join("model.onnx");
-        let session = Session::builder(env)?
-            .with_optimization_level(GraphOptimizationLevel::All)?
-            .with_intra_threads(intra_op_threads)?
-            .with_intra_op_spinning(false)?
+        let session = session_builder(env, intra_op_threads)?
             .commit_from_file(&model)
             .map_err(|e| LmError(format!("cannot load {}: {e}", model.display())))?;
         if !session.outputs().iter().any(|o| o.name() == "sentence_embedding") {

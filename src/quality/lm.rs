@@ -204,12 +204,14 @@ impl ReferenceLm {
         }
         let mut ids = vec![0i64; b * s];
         let mut mask = vec![0i64; b * s];
-        let mut pos = vec![0i64; b * s];
+        let mut pos = if self.has_position_ids { vec![0i64; b * s] } else { Vec::new() };
         for (r, row) in rows.iter().enumerate() {
             for (i, &t) in row.iter().enumerate() {
                 ids[r * s + i] = i64::from(t);
                 mask[r * s + i] = 1;
-                pos[r * s + i] = i as i64;
+                if let Some(p) = pos.get_mut(r * s + i) {
+                    *p = i as i64;
+                }
             }
         }
         let shape = [b, s];
@@ -251,12 +253,20 @@ impl ReferenceLm {
     }
 }
 
-fn open(env: &Environment, model: &Path, opts: &LmOptions, device: Device) -> Result<Session, LmError> {
-    let mut b = Session::builder(env)?
+/// The session options every goodput model uses: full graph optimisation, `intra_op_threads`
+/// threads, and no spinning (spinning threads would take CPU from the proxy while idle).
+pub(crate) fn session_builder(
+    env: &Environment,
+    intra_op_threads: usize,
+) -> Result<ort::session::builder::SessionBuilder, LmError> {
+    Ok(Session::builder(env)?
         .with_optimization_level(GraphOptimizationLevel::All)?
-        .with_intra_threads(opts.intra_op_threads)?
-        // Spinning threads would take CPU from the proxy while waiting for work.
-        .with_intra_op_spinning(false)?;
+        .with_intra_threads(intra_op_threads)?
+        .with_intra_op_spinning(false)?)
+}
+
+fn open(env: &Environment, model: &Path, opts: &LmOptions, device: Device) -> Result<Session, LmError> {
+    let mut b = session_builder(env, opts.intra_op_threads)?;
     match device {
         Device::Cpu => {}
         #[cfg(feature = "cuda")]

@@ -18,6 +18,7 @@ use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use super::{ngram, text};
+use crate::config::reload::ResolvedBackend;
 use crate::config::{ConfigHandle, ConsistencyConfig, Method};
 use crate::meter::metrics::Metrics;
 use crate::openai::Operation;
@@ -238,13 +239,11 @@ impl Engine {
             Operation::Chat => "/v1/chat/completions",
             Operation::Completion => "/v1/completions",
         };
-        let url = format!("{}{}{}", backend.origin, backend.base_path, path);
         let body = Bytes::from(body);
         let mut pending = tokio::task::JoinSet::new();
         for _ in 0..c.samples {
-            let (this, url, body, headers) =
-                (self.clone(), url.clone(), body.clone(), backend.headers.clone());
-            pending.spawn(async move { this.call(&url, &headers, body, "sample").await });
+            let (this, to, body) = (self.clone(), backend.clone(), body.clone());
+            pending.spawn(async move { this.call(&to, path, body, "sample").await });
         }
         let mut samples = Vec::new();
         while let Some(r) = pending.join_next().await {
@@ -294,14 +293,15 @@ impl Engine {
                         .clone()
                         .or_else(|| request_model(&job.request))
                         .unwrap_or_else(|| job.of.model.to_string());
-                    let url = format!("{}{}/v1/chat/completions", judge.origin, judge.base_path);
                     let mut scores = Vec::new();
                     for s in sentences.iter().take(c.max_sentences) {
                         let mut calls = tokio::task::JoinSet::new();
                         for sample in &samples {
                             let body = Bytes::from(judge_body(&model, sample, s, c.priority));
-                            let (this, url, headers) = (self.clone(), url.clone(), judge.headers.clone());
-                            calls.spawn(async move { this.call(&url, &headers, body, "judge").await });
+                            let (this, to) = (self.clone(), judge.clone());
+                            calls.spawn(async move {
+                                this.call(&to, "/v1/chat/completions", body, "judge").await
+                            });
                         }
                         let mut sum = 0.0;
                         let mut n = 0;
@@ -352,25 +352,25 @@ impl Engine {
         }));
     }
 
-    /// One shadow request: choice 0's text, or `None` (counted) on any failure.
+    /// One shadow request to `to`'s `path`: choice 0's text, or `None` (counted) on any failure.
     async fn call(
         &self,
-        url: &str,
-        headers: &http::HeaderMap,
+        to: &ResolvedBackend,
+        path: &str,
         body: Bytes,
         kind: &'static str,
     ) -> Option<String> {
         let permit = self.permits.acquire().await.ok()?;
-        let mut req = Request::post(url)
+        let mut req = Request::post(format!("{}{}{path}", to.origin, to.base_path))
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::USER_AGENT, "goodput-shadow")
             .header(SHADOW_HEADER, "1")
             .body(Full::new(body))
             .ok()?;
-        for (k, v) in headers {
+        for (k, v) in &to.headers {
             req.headers_mut().insert(k.clone(), v.clone());
         }
-        let backend = self.backend_label(url);
+        let backend = &*to.name;
         let timeout = Duration::from_millis(self.cfg.timeout_ms);
         let outcome = tokio::time::timeout(timeout, async {
             let resp = self.client.request(req).await.map_err(|_| "error")?;
@@ -387,29 +387,21 @@ impl Engine {
         let bytes = match outcome {
             Ok(b) => b,
             Err(o) => {
-                self.metrics.shadow_requests.with_label_values(&[&backend, kind, o]).inc();
+                self.metrics.shadow_requests.with_label_values(&[backend, kind, o]).inc();
                 return None;
             }
         };
-        self.metrics.shadow_requests.with_label_values(&[&backend, kind, "ok"]).inc();
+        self.metrics.shadow_requests.with_label_values(&[backend, kind, "ok"]).inc();
         let info = parse_response(&bytes)?;
         if let Some(u) = info.usage {
             let n = u.prompt_tokens.unwrap_or(0) + u.completion_tokens.unwrap_or(0);
             self.shadow_tokens.fetch_add(n, Ordering::Relaxed);
             for (ty, v) in [("input", u.prompt_tokens), ("output", u.completion_tokens)] {
-                self.metrics.shadow_tokens.with_label_values(&[&backend, kind, ty]).inc_by(v.unwrap_or(0));
+                self.metrics.shadow_tokens.with_label_values(&[backend, kind, ty]).inc_by(v.unwrap_or(0));
             }
         }
         let text: String = info.texts.iter().filter(|(i, _)| *i == 0).map(|(_, t)| t.as_ref()).collect();
         Some(text)
-    }
-
-    fn backend_label(&self, url: &str) -> String {
-        let snap = self.config.load();
-        snap.backends
-            .iter()
-            .find(|b| url.starts_with(&format!("{}{}", b.origin, b.base_path)))
-            .map_or_else(|| "other".to_string(), |b| b.name.to_string())
     }
 }
 
