@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Install what the test suite needs beyond Rust: Prometheus (Debian's package; the tests start
-# it on a loopback port). Idempotent: does nothing when everything is already there.
+# it on a loopback port) and Chromium (headless, for the admin status page test).
+# Idempotent: does nothing when everything is already there.
 set -euo pipefail
 
 need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v curl >/dev/null 2>&1 || need+=(curl)
+command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)
 
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
@@ -16,4 +18,5 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 # Debian's package starts a system service where systemd runs; the tests start their own.
 command -v prometheus >/dev/null
+command -v chromium >/dev/null
 echo "setup-test-deps: ok" >&2

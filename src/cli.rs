@@ -222,6 +222,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let recorder = Recorder::start(handle.clone(), metrics.clone(), quality);
     let proxy = Proxy::new(handle.clone(), recorder, metrics, sampling);
     proxy.spawn_readiness_probe();
+    crate::route::prom::spawn_refresher(handle.clone(), proxy.clone());
     spawn_reloader(handle.clone());
     tokio::spawn(crate::admin::serve(admin, proxy.clone()));
     // One machine-readable line so that scripts and tests learn the bound ports.

@@ -106,3 +106,85 @@ async fn prometheus_scrapes_ttft_and_goodput() {
     let up = scalar(&query(port, "up{job=\"goodput\"}").await);
     assert_eq!(up, Some(1.0));
 }
+
+/// Several router replicas share one view: router B reads per-backend statistics from
+/// Prometheus, which scrapes goodput A (where the traffic was measured), and decides on them,
+/// even against what its own windows say.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn router_reads_backend_statistics_from_prometheus() {
+    let a = Goodput::start(
+        r#"
+backends:
+  - name: quick
+    sim: {model: m, ttft_ms: 10, tpot_ms: 1, output_tokens: 4}
+  - name: sluggish
+    sim: {model: m, ttft_ms: 300, tpot_ms: 1, output_tokens: 4}
+routes:
+  - {name: to-quick, match: {headers: {x-to: quick}}, backends: [quick]}
+  - {name: to-sluggish, match: {headers: {x-to: sluggish}}, backends: [sluggish]}
+"#,
+    );
+    let (_prom, port) = start_prometheus(a.admin);
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    // Steady traffic through A while B reads (rate() and increase() need it ongoing).
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let traffic = |to: &'static str| {
+        let (proxy, stop) = (a.proxy, stop.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut r = post_json("/v1/chat/completions", body);
+                r.headers_mut().insert("x-to", to.parse().unwrap());
+                assert_eq!(send(proxy, r).await.status, 200);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    let (q, s) = (traffic("quick"), traffic("sluggish"));
+
+    // B's own simulators are the other way round: its local windows would favour sluggish.
+    let b = Goodput::start(&format!(
+        r#"
+backends:
+  - name: quick
+    sim: {{model: m, ttft_ms: 300, tpot_ms: 1, output_tokens: 4}}
+  - name: sluggish
+    sim: {{model: m, ttft_ms: 10, tpot_ms: 1, output_tokens: 4}}
+classes:
+  snappy: {{objective: fastest}}
+routing:
+  default_class: snappy
+  exploration: 0.0
+  min_samples: 5
+  response_headers: true
+  stats: {{source: prometheus, prometheus_url: "http://127.0.0.1:{port}", refresh_secs: 1, range: 1m}}
+"#
+    ));
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let stats = loop {
+        let v = b.admin_json("/admin/backends").await;
+        let row = |n: &str| {
+            v["backends"].as_array().unwrap().iter().find(|x| x["name"] == n).unwrap()["router_stats"].clone()
+        };
+        let (q, s) = (row("quick"), row("sluggish"));
+        if v["stats_source"] == "prometheus"
+            && s["samples"].as_u64().unwrap_or(0) >= 5
+            && q["ttft_p95_ms"].is_number()
+        {
+            break (q, s);
+        }
+        assert!(Instant::now() < deadline, "no statistics from Prometheus: {v}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let ttft = |v: &serde_json::Value| v["ttft_p95_ms"].as_f64().unwrap();
+    assert!(ttft(&stats.0) < 100.0 && ttft(&stats.1) > 250.0, "{stats:?}");
+    for _ in 0..8 {
+        let r = send(b.proxy, post_json("/v1/chat/completions", body)).await;
+        assert_eq!(r.headers["x-goodput-backend"], "quick", "decided on Prometheus's view");
+        assert_eq!(r.headers["x-goodput-reason"], "fastest");
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    q.await.unwrap();
+    s.await.unwrap();
+    let m = b.metrics().await;
+    assert!(metric(&m, "goodput_route_stats_reads_total", &[("result", "success")]) >= 1.0);
+}

@@ -88,18 +88,48 @@ async fn sim_injects_errors_and_resets() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_config_serves_from_the_in_process_sim() {
+async fn demo_config_serves_from_the_in_process_sims_and_routes() {
     let demo = std::fs::read_to_string("config/demo.yaml").unwrap();
     let gp = Goodput::start(&demo);
     let body = r#"{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    // A first wave, all decided before any backend has numbers: the cheapest (budget) takes it.
+    let wave: Vec<_> = (0..12)
+        .map(|_| {
+            let proxy = gp.proxy;
+            tokio::spawn(async move { send(proxy, post_json("/v1/chat/completions", body)).await })
+        })
+        .collect();
+    let mut explored = 0;
+    for r in wave {
+        let r = r.await.unwrap();
+        assert_eq!(r.status, 200);
+        assert!(r.text().ends_with("data: [DONE]\n\n"));
+        // (or, for the exploration share, any backend)
+        if r.headers["x-goodput-backend"] != "budget" {
+            assert_eq!(r.headers["x-goodput-reason"], "explore");
+            explored += 1;
+        }
+    }
+    assert!(explored <= 2);
+    // Now budget's TTFT p95 (~400 ms) is measured and misses the interactive class's 200 ms:
+    // the next cheapest, standard, serves.
+    gp.records(12).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let r = send(gp.proxy, post_json("/v1/chat/completions", body)).await;
-    assert_eq!(r.status, 200);
-    assert!(r.text().ends_with("data: [DONE]\n\n"));
-    let rec = &gp.records(1).await[0];
-    assert_eq!(rec["backend"], "sim");
+    assert_eq!(r.headers["x-goodput-backend"], "standard", "{:?}", r.headers);
+    assert_eq!(r.headers["x-goodput-reason"], "cheapest");
+    let rec = &gp.records(13).await[0];
+    assert_eq!(rec["backend"], "standard");
     assert_eq!(rec["model"], "sim-model");
     assert!(rec["ttft"].as_f64().unwrap() > 0.03, "demo TTFT is around 80 ms");
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let m = gp.metrics().await;
-    assert_eq!(metric(&m, "gen_ai_server_time_to_first_token_seconds_count", &[("backend", "sim")]), 1.0);
+    assert_eq!(
+        metric(&m, "gen_ai_server_time_to_first_token_seconds_count", &[("backend", "budget")]),
+        12.0 - explored as f64
+    );
+    assert_eq!(
+        metric(&m, "goodput_route_decisions_total", &[("backend", "standard"), ("reason", "cheapest")]),
+        1.0
+    );
 }

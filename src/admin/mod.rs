@@ -1,5 +1,7 @@
 //! The admin listener (loopback by default): /metrics, /healthz, /readyz, /admin/config,
-//! /admin/backends (windowed statistics) and /admin/records (recent requests, numbers only).
+//! /admin/backends (windowed statistics, goodput, circuit), /admin/routes (classes,
+//! compliance, decisions), /admin/records (recent requests, numbers only), the /status page,
+//! and POST /admin/sim/NAME to change an in-process simulated backend.
 
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
@@ -33,8 +35,18 @@ fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
 }
 
 pub async fn handle(proxy: &Proxy, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if req.method() == Method::POST
+        && let Some(name) = req.uri().path().strip_prefix("/admin/sim/")
+    {
+        let name = name.to_string();
+        return sim_patch(proxy, &name, req).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
-        return respond(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "GET only\n");
+        return respond(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain",
+            "GET only (and POST /admin/sim/NAME)\n",
+        );
     }
     match req.uri().path() {
         "/metrics" => {
@@ -49,24 +61,13 @@ pub async fn handle(proxy: &Proxy, req: Request<Incoming>) -> Response<Full<Byte
             }
         }
         "/admin/config" => json(&proxy.config.load().config.redacted()),
-        "/admin/backends" => {
-            let snap = proxy.config.load();
-            let windows = proxy.recorder.shared.windows.load();
-            let list: Vec<serde_json::Value> = snap
-                .backends
-                .iter()
-                .map(|b| {
-                    serde_json::json!({
-                        "name": &*b.name,
-                        "url": crate::config::redact_userinfo(&format!("{}{}", b.origin, b.base_path)),
-                        "simulated": b.sim.is_some(),
-                        "tokenizer": b.tokenizer.is_some(),
-                        "window": windows.get(&*b.name),
-                    })
-                })
-                .collect();
-            json(&serde_json::json!({ "backends": list }))
+        "/admin/backends" => json(&backends(proxy)),
+        "/admin/routes" => {
+            let limit =
+                query_param(req.uri().query(), "decisions").and_then(|v| v.parse().ok()).unwrap_or(50);
+            json(&routes(proxy, limit))
         }
+        "/status" => respond(StatusCode::OK, "text/html; charset=utf-8", STATUS_PAGE),
         "/admin/records" => {
             let limit = query_param(req.uri().query(), "limit").and_then(|v| v.parse().ok()).unwrap_or(100);
             json(&proxy.recorder.shared.recent(limit))
@@ -74,9 +75,153 @@ pub async fn handle(proxy: &Proxy, req: Request<Incoming>) -> Response<Full<Byte
         "/" => respond(
             StatusCode::OK,
             "text/plain",
-            "goodput admin: /metrics /healthz /readyz /admin/config /admin/backends /admin/records?limit=N\n",
+            "goodput admin: /status (page) /metrics /healthz /readyz /admin/config /admin/backends \
+             /admin/routes?decisions=N /admin/records?limit=N; POST /admin/sim/NAME (simulated backends)\n",
         ),
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+    }
+}
+
+/// The status page: one file, no build step, no CDN; it polls the JSON endpoints.
+const STATUS_PAGE: &str = include_str!("status.html");
+
+fn backends(proxy: &Proxy) -> serde_json::Value {
+    let snap = proxy.config.load();
+    let windows = proxy.recorder.shared.windows.load();
+    let remote = proxy.router.remote_stats();
+    let list: Vec<serde_json::Value> = snap
+        .backends
+        .iter()
+        .map(|b| {
+            serde_json::json!({
+                "name": &*b.name,
+                "url": crate::config::redact_userinfo(&format!("{}{}", b.origin, b.base_path)),
+                "simulated": b.sim.is_some(),
+                "served_model": b.served_model.as_deref(),
+                "tokenizer": b.tokenizer.is_some(),
+                "price": b.price,
+                "max_concurrency": b.max_concurrency,
+                "outstanding": b.state.outstanding(),
+                "circuit": b.state.breaker_state(),
+                "window": windows.get(&*b.name),
+                "router_stats": remote.as_ref().and_then(|r| r.get(&*b.name)).cloned()
+                    .or_else(|| windows.get(&*b.name).map(crate::route::router::stats_of)),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "stats_source": if remote.is_some() { "prometheus" } else { "local" },
+        "backends": list,
+    })
+}
+
+fn routes(proxy: &Proxy, limit: usize) -> serde_json::Value {
+    use crate::route::decide::violations;
+    let snap = proxy.config.load_full();
+    let windows = proxy.recorder.shared.windows.load();
+    let classes = proxy.recorder.shared.classes.load();
+    let decisions = proxy.router.recent(snap.config.routing.recent_decisions);
+    let all = snap.routes.iter().chain(std::iter::once(&snap.default_route));
+    let list: Vec<serde_json::Value> = all
+        .map(|r| {
+            let cands = proxy.router.candidates(&snap, r, &windows);
+            let compliance: Vec<serde_json::Value> = cands
+                .iter()
+                .map(|c| {
+                    let v = violations(&r.class, c, &snap.policy);
+                    let counts: serde_json::Map<String, serde_json::Value> = REASONS
+                        .iter()
+                        .filter_map(|reason| {
+                            let n = proxy
+                                .metrics
+                                .route_decisions
+                                .get_metric_with_label_values(&[&*r.name, &*c.name, reason])
+                                .map(|m| m.get())
+                                .unwrap_or(0);
+                            (n > 0).then(|| (reason.to_string(), n.into()))
+                        })
+                        .collect();
+                    serde_json::json!({
+                        "backend": &*c.name,
+                        "healthy": c.healthy,
+                        "outstanding": c.outstanding,
+                        "compliant": v.is_empty(),
+                        "violations": v,
+                        "stats": c.stats,
+                        "decisions": counts,
+                    })
+                })
+                .collect();
+            let recent: Vec<_> = decisions.iter().filter(|d| d.route == r.name).take(limit).collect();
+            serde_json::json!({
+                "name": &*r.name,
+                "class": &*r.class_name,
+                "bounds": {
+                    "ttft_p95_ms": r.class.ttft_p95_ms,
+                    "tpot_p95_ms": r.class.tpot_p95_ms,
+                    "e2e_p95_ms": r.class.e2e_p95_ms,
+                    "max_perplexity": r.class.max_perplexity,
+                    "max_hallucination_rate": r.class.max_hallucination_rate,
+                },
+                "objective": r.class.objective,
+                "rewrite_model": r.rewrite_model,
+                "backends": compliance,
+                "recent_decisions": recent,
+            })
+        })
+        .collect();
+    let class_windows: serde_json::Map<String, serde_json::Value> =
+        classes.iter().map(|(k, w)| (k.clone(), serde_json::to_value(w).unwrap_or_default())).collect();
+    serde_json::json!({
+        "policy": {
+            "exploration": snap.policy.exploration,
+            "min_samples": snap.policy.min_samples,
+            "min_quality_samples": snap.policy.min_quality_samples,
+        },
+        "routes": list,
+        "classes": class_windows,
+        "recent_decisions": decisions.iter().take(limit).collect::<Vec<_>>(),
+    })
+}
+
+const REASONS: &[&str] = &[
+    "cheapest",
+    "fastest",
+    "best_quality",
+    "best_value",
+    "explore",
+    "sla_unmet",
+    "failover",
+    "no_healthy_backend",
+];
+
+/// `POST /admin/sim/NAME` with a JSON object: change an in-process simulated backend at run
+/// time (degrade it, recover it). The admin listener is loopback-only by default.
+async fn sim_patch(proxy: &Proxy, name: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    use http_body_util::BodyExt;
+    let Some(sim) = proxy.config.sim(name).await else {
+        return respond(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!("no simulated backend named `{name}`\n"),
+        );
+    };
+    let body = match http_body_util::Limited::new(req.into_body(), 64 * 1024).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return respond(StatusCode::BAD_REQUEST, "text/plain", format!("cannot read the body: {e}\n"));
+        }
+    };
+    let patch: serde_json::Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return respond(StatusCode::BAD_REQUEST, "text/plain", format!("invalid JSON: {e}\n")),
+    };
+    match sim.patch(&patch) {
+        Ok(cfg) => {
+            tracing::info!(backend = name, "simulated backend changed through the admin API");
+            json(&cfg)
+        }
+        Err(e) => respond(StatusCode::BAD_REQUEST, "text/plain", format!("{e}\n")),
     }
 }
 

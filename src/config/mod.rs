@@ -6,10 +6,12 @@
 pub mod quality;
 pub mod reload;
 pub mod route;
+pub mod routing;
 
 pub use quality::{ConsistencyConfig, Device, Method, PerplexityConfig, QualityConfig};
 pub use reload::{ConfigHandle, spawn_reloader};
 pub use route::{Route, RouteMatch};
+pub use routing::{BreakerSettings, RoutingConfig, SlaClass, StatsSettings, StatsSource};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -32,6 +34,9 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// Named classes of traffic (first match wins); unmatched requests are route `default`.
     pub routes: Vec<Route>,
+    /// SLA classes by name; a route names its class.
+    pub classes: std::collections::BTreeMap<String, SlaClass>,
+    pub routing: RoutingConfig,
     pub quality: QualityConfig,
 }
 
@@ -47,6 +52,8 @@ impl Default for Config {
             slo: Slo::default(),
             metrics: MetricsConfig::default(),
             routes: Vec::new(),
+            classes: Default::default(),
+            routing: RoutingConfig::default(),
             quality: QualityConfig::default(),
         }
     }
@@ -73,6 +80,27 @@ pub struct Backend {
     /// Extra headers sent upstream (e.g. an API key). Values are redacted in /admin/config.
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
+    /// Price per 1M tokens (any currency, used consistently): the `cheapest` and `best-value`
+    /// objectives and the tput/(ppl x price) index use it.
+    #[serde(default)]
+    pub price: Price,
+    /// Requests in flight at most; the router sends no more while it is reached.
+    #[serde(default)]
+    pub max_concurrency: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct Price {
+    pub input_per_1m: f64,
+    pub output_per_1m: f64,
+}
+
+impl Price {
+    /// Cost of one request's tokens.
+    pub fn of(&self, input: u64, output: u64) -> f64 {
+        (input as f64 * self.input_per_1m + output as f64 * self.output_per_1m) / 1e6
+    }
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
@@ -257,6 +285,16 @@ impl Config {
             {
                 err(format!("{p}.tokenizer"), format!("no such file: {}", t.display()));
             }
+            if !(b.price.input_per_1m >= 0.0
+                && b.price.output_per_1m >= 0.0
+                && b.price.input_per_1m.is_finite()
+                && b.price.output_per_1m.is_finite())
+            {
+                err(format!("{p}.price"), "prices must be finite and >= 0".into());
+            }
+            if b.max_concurrency == Some(0) {
+                err(format!("{p}.max_concurrency"), "must be >= 1 (omit it for no limit)".into());
+            }
             for (k, v) in &b.headers {
                 if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
                     err(format!("{p}.headers.{k}"), "not a valid header name".into());
@@ -294,7 +332,9 @@ impl Config {
         {
             err("quality.consistency.judge_backend".into(), format!("no backend named `{j}`"));
         }
-        route::validate(&self.routes, &mut err);
+        let backend_names: Vec<&str> = self.backends.iter().map(|b| b.name.as_str()).collect();
+        route::validate(&self.routes, &backend_names, &self.classes, &mut err);
+        routing::validate(&self.routing, &self.classes, &mut err);
         self.quality.validate(&mut err);
         if errs.is_empty() { Ok(()) } else { Err(ConfigErrors(errs)) }
     }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokenizers::Tokenizer;
 
 use super::{Config, ConfigError, ConfigErrors};
+use crate::route::{BackendState, Class, Objective, Policy};
 use crate::sim::Sim;
 
 /// A backend as the hot path needs it: parsed once per config load, not per request.
@@ -24,10 +25,21 @@ pub struct ResolvedBackend {
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub headers: HeaderMap,
     pub sim: Option<Arc<Sim>>,
+    /// The model it serves (first of `models`, else the simulator's): the name a route with
+    /// `rewrite_model` puts in the body.
+    pub served_model: Option<Arc<str>>,
+    pub price: super::Price,
+    pub max_concurrency: Option<u64>,
+    /// Outstanding requests and the circuit breaker; kept across reloads by name.
+    pub state: Arc<BackendState>,
 }
 
 impl ResolvedBackend {
     /// Bounded label value for a requested model name.
+    pub fn serves(&self, model: &str) -> bool {
+        self.models.contains_key(model)
+    }
+
     pub fn model_label(&self, requested: Option<&str>) -> Arc<str> {
         thread_local! {
             static OTHER: Arc<str> = Arc::from("other");
@@ -46,38 +58,99 @@ impl ResolvedBackend {
 pub struct Snapshot {
     pub config: Config,
     pub backends: Vec<Arc<ResolvedBackend>>,
-    /// Route names as shared label values, in config order (index = `config.routes` index).
-    route_names: Vec<Arc<str>>,
-    default_route: Arc<str>,
+    /// Routes as the hot path uses them, in config order (index = `config.routes` index).
+    pub routes: Vec<ResolvedRoute>,
+    /// Requests no route matches.
+    pub default_route: ResolvedRoute,
+    pub policy: Policy,
 }
 
-/// What a request's route decides today: its label and its quality sample rate.
-pub struct RouteChoice {
+/// A route resolved once per config load: its label, SLA class, candidate backends and the
+/// SLOs its requests are judged against.
+pub struct ResolvedRoute {
     pub name: Arc<str>,
+    pub class_name: Arc<str>,
+    pub class: Class,
+    /// Indices into `Snapshot::backends`, in config order.
+    pub candidates: Vec<usize>,
     pub sample_rate: f64,
+    pub rewrite_model: bool,
+    /// Per-request judgement: the class's bounds where set, else the global `slo`.
+    pub slo: super::Slo,
 }
+
+/// The class of requests that name none and no `routing.default_class` is set: no bounds,
+/// fastest first.
+pub const UNCLASSED: &str = "default";
 
 impl Snapshot {
     fn new(config: Config, backends: Vec<Arc<ResolvedBackend>>) -> Snapshot {
-        let route_names = config.routes.iter().map(|r| Arc::from(r.name.as_str())).collect();
-        Snapshot { config, backends, route_names, default_route: Arc::from("default") }
+        let resolve = |name: &str, r: Option<&super::Route>| {
+            let class_name = r.and_then(|r| r.class.clone()).or_else(|| config.routing.default_class.clone());
+            let sla = class_name.as_ref().and_then(|c| config.classes.get(c));
+            let class = match sla {
+                Some(c) => Class {
+                    ttft_p95_ms: c.ttft_p95_ms,
+                    tpot_p95_ms: c.tpot_p95_ms,
+                    e2e_p95_ms: c.e2e_p95_ms,
+                    max_perplexity: c.max_perplexity,
+                    max_hallucination_rate: c.max_hallucination_rate,
+                    objective: c.objective,
+                },
+                None => Class {
+                    ttft_p95_ms: None,
+                    tpot_p95_ms: None,
+                    e2e_p95_ms: None,
+                    max_perplexity: None,
+                    max_hallucination_rate: None,
+                    objective: Objective::Fastest,
+                },
+            };
+            let g = config.slo;
+            let slo = super::Slo {
+                ttft_ms: class.ttft_p95_ms.or(g.ttft_ms),
+                tpot_ms: class.tpot_p95_ms.or(g.tpot_ms),
+                e2e_ms: class.e2e_p95_ms.or(g.e2e_ms),
+            };
+            let allowed = r.map(|r| r.backends.as_slice()).unwrap_or(&[]);
+            let candidates = (0..backends.len())
+                .filter(|&i| allowed.is_empty() || allowed.iter().any(|a| *a == *backends[i].name))
+                .collect();
+            ResolvedRoute {
+                name: Arc::from(name),
+                class_name: Arc::from(class_name.as_deref().unwrap_or(UNCLASSED)),
+                class,
+                candidates,
+                sample_rate: r.and_then(|r| r.sample_rate).unwrap_or(config.quality.sample_rate),
+                rewrite_model: r.is_some_and(|r| r.rewrite_model),
+                slo,
+            }
+        };
+        let routes = config.routes.iter().map(|r| resolve(&r.name, Some(r))).collect();
+        let default_route = resolve("default", None);
+        let policy = Policy {
+            min_samples: config.routing.min_samples,
+            min_quality_samples: config.routing.min_quality_samples,
+            exploration: config.routing.exploration,
+        };
+        Snapshot { config, backends, routes, default_route, policy }
     }
 
-    /// The first matching route, else `default` with the global sample rate.
-    pub fn route(&self, path: &str, model: Option<&str>, headers: &HeaderMap) -> RouteChoice {
-        let q = self.config.quality.sample_rate;
+    /// The first matching route, else `default`.
+    pub fn route(&self, path: &str, model: Option<&str>, headers: &HeaderMap) -> &ResolvedRoute {
         match super::route::select(&self.config.routes, path, model, headers) {
-            Some(i) => RouteChoice {
-                name: self.route_names[i].clone(),
-                sample_rate: self.config.routes[i].sample_rate.unwrap_or(q),
-            },
-            None => RouteChoice { name: self.default_route.clone(), sample_rate: q },
+            Some(i) => &self.routes[i],
+            None => &self.default_route,
         }
     }
 
-    /// The backend this request goes to. (One upstream today; routing picks among several.)
+    /// The first configured backend (readiness is probed there).
     pub fn default_backend(&self) -> &Arc<ResolvedBackend> {
         &self.backends[0]
+    }
+
+    pub fn backend(&self, name: &str) -> Option<&Arc<ResolvedBackend>> {
+        self.backends.iter().find(|b| &*b.name == name)
     }
 }
 
@@ -228,6 +301,19 @@ impl ConfigHandle {
             if let Some(sc) = &b.sim {
                 models.entry(sc.model.clone()).or_insert_with(|| Arc::from(sc.model.as_str()));
             }
+            let served_model = b
+                .models
+                .first()
+                .map(|m| Arc::from(m.as_str()))
+                .or_else(|| b.sim.as_ref().map(|s| Arc::from(s.model.as_str())));
+            let breaker = config.routing.breaker.to_breaker();
+            let state = match self.current.load().backend(&b.name) {
+                Some(old) => {
+                    old.state.set_breaker_config(breaker);
+                    old.state.clone()
+                }
+                None => BackendState::new(breaker),
+            };
             backends.push(Arc::new(ResolvedBackend {
                 name: Arc::from(b.name.as_str()),
                 origin,
@@ -236,6 +322,10 @@ impl ConfigHandle {
                 tokenizer,
                 headers,
                 sim: sim_handle,
+                served_model,
+                price: b.price,
+                max_concurrency: b.max_concurrency,
+                state,
             }));
         }
         Ok(Snapshot::new(config, backends))
@@ -271,6 +361,8 @@ fn read(path: Option<&PathBuf>, upstream: Option<&str>) -> Result<(Config, Strin
                 models: Vec::new(),
                 tokenizer: None,
                 headers: Default::default(),
+                price: Default::default(),
+                max_concurrency: None,
             }),
         }
     }

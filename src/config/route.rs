@@ -15,6 +15,17 @@ pub struct Route {
     /// Overrides `quality.sample_rate` for this route.
     #[serde(default)]
     pub sample_rate: Option<f64>,
+    /// The SLA class of this traffic (a key of `classes`); unset: `routing.default_class`.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// The backends this route may use, by name; empty: all of them.
+    #[serde(default)]
+    pub backends: Vec<String>,
+    /// Replace the body's `model` with the chosen backend's served model (its first `models`
+    /// entry) when that backend does not serve the requested name: one public model name
+    /// over backends that serve different models.
+    #[serde(default)]
+    pub rewrite_model: bool,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -43,7 +54,12 @@ pub fn select(routes: &[Route], path: &str, model: Option<&str>, headers: &http:
     routes.iter().position(|r| r.matches.matches(path, model, headers))
 }
 
-pub(super) fn validate(routes: &[Route], err: &mut dyn FnMut(String, String)) {
+pub(super) fn validate(
+    routes: &[Route],
+    backends: &[&str],
+    classes: &BTreeMap<String, super::SlaClass>,
+    err: &mut dyn FnMut(String, String),
+) {
     let mut names = std::collections::HashSet::new();
     for (i, r) in routes.iter().enumerate() {
         let p = format!("routes[{i}]");
@@ -58,6 +74,16 @@ pub(super) fn validate(routes: &[Route], err: &mut dyn FnMut(String, String)) {
         {
             err(format!("{p}.sample_rate"), format!("must be between 0 and 1, got {s}"));
         }
+        if let Some(c) = &r.class
+            && !classes.contains_key(c)
+        {
+            err(format!("{p}.class"), format!("no class named `{c}`"));
+        }
+        for (j, b) in r.backends.iter().enumerate() {
+            if !backends.contains(&b.as_str()) {
+                err(format!("{p}.backends[{j}]"), format!("no backend named `{b}`"));
+            }
+        }
         for k in r.matches.headers.keys() {
             if http::HeaderName::from_bytes(k.as_bytes()).is_err() {
                 err(format!("{p}.match.headers.{k}"), "not a valid header name".into());
@@ -71,7 +97,14 @@ mod tests {
     use super::*;
 
     fn route(name: &str, m: RouteMatch) -> Route {
-        Route { name: name.into(), matches: m, sample_rate: None }
+        Route {
+            name: name.into(),
+            matches: m,
+            sample_rate: None,
+            class: None,
+            backends: vec![],
+            rewrite_model: false,
+        }
     }
 
     #[test]

@@ -1,8 +1,11 @@
 //! Judging each request against its SLOs (latency goodput, as DistServe and
 //! `vllm bench serve --goodput` define it).
 
+use serde::Serialize;
+
 use crate::config::Slo;
 use crate::meter::record::{Outcome, RequestRecord};
+use crate::meter::window::WindowSnapshot;
 
 /// Whether `r` met every SLO in `slo`. `None`: not judged (the client cancelled, so the
 /// backend neither met nor missed anything). Errors always miss. A non-streaming response's
@@ -24,6 +27,57 @@ pub fn judge(r: &RequestRecord, slo: &Slo) -> Option<bool> {
     };
     let ok_e2e = slo.e2e_ms.is_none_or(|t| ms(r.e2e) <= t);
     Some(ok_ttft && ok_tpot && ok_e2e)
+}
+
+/// Goodput over a window, for one backend or one class. Quality-weighted figures are `None`
+/// until some response in the window was judged for quality (they are not assumed perfect).
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct Goodput {
+    /// All output tokens/s, SLO or not.
+    pub tokens_per_sec: f64,
+    /// Requests/s and output tokens/s that met every latency SLO of their class.
+    pub latency_requests_per_sec: f64,
+    pub latency_tokens_per_sec: f64,
+    /// Share of quality judgements that passed the class's floors, and its 95% Wilson interval.
+    pub quality_pass_rate: Option<f64>,
+    pub quality_pass_interval: Option<(f64, f64)>,
+    /// Latency goodput x the pass rate, with the interval carried over.
+    pub quality_requests_per_sec: Option<f64>,
+    pub quality_tokens_per_sec: Option<f64>,
+    pub quality_tokens_per_sec_interval: Option<(f64, f64)>,
+    /// What one million tokens (input and output) cost over the window, blended by traffic.
+    pub price_per_1m_tokens: Option<f64>,
+    /// The seed's indexes: tokens/s x (1 - hallucination rate), tokens/s / perplexity,
+    /// tokens/s / (perplexity x price per 1M tokens).
+    pub effective_tps: Option<f64>,
+    pub tput_per_ppl: Option<f64>,
+    pub tput_per_ppl_price: Option<f64>,
+}
+
+/// The goodput figures of a window (latency counts, quality judgements, cost).
+pub fn summarize(w: &WindowSnapshot) -> Goodput {
+    let q = &w.quality;
+    let tps = w.output_tokens_per_sec;
+    let pass = (q.judged > 0).then(|| q.passed as f64 / q.judged as f64);
+    let interval = wilson(q.passed, q.judged, 1.96);
+    let tokens = w.counts.input_tokens + w.counts.output_tokens;
+    let price = (tokens > 0 && w.counts.cost > 0.0).then(|| w.counts.cost / tokens as f64 * 1e6);
+    let ppl = q.perplexity_geomean;
+    Goodput {
+        tokens_per_sec: tps,
+        latency_requests_per_sec: w.goodput_requests_per_sec,
+        latency_tokens_per_sec: w.goodput_tokens_per_sec,
+        quality_pass_rate: pass,
+        quality_pass_interval: interval,
+        quality_requests_per_sec: pass.map(|p| p * w.goodput_requests_per_sec),
+        quality_tokens_per_sec: pass.map(|p| p * w.goodput_tokens_per_sec),
+        quality_tokens_per_sec_interval: interval
+            .map(|(lo, hi)| (lo * w.goodput_tokens_per_sec, hi * w.goodput_tokens_per_sec)),
+        price_per_1m_tokens: price,
+        effective_tps: q.hallucination_rate.map(|h| tps * (1.0 - h)),
+        tput_per_ppl: ppl.map(|p| tps / p),
+        tput_per_ppl_price: ppl.zip(price).map(|(p, c)| tps / (p * c)),
+    }
 }
 
 /// The Wilson score interval for a proportion: `successes` of `n` at z (1.96 for 95%). Quality
@@ -55,6 +109,34 @@ mod tests {
         assert!((lo - 0.4691).abs() < 1e-3 && (hi - 0.5309).abs() < 1e-3);
         assert_eq!(wilson(0, 0, 1.96), None);
     }
+    #[test]
+    fn goodput_summary() {
+        let mut w = WindowSnapshot {
+            output_tokens_per_sec: 100.0,
+            goodput_requests_per_sec: 2.0,
+            goodput_tokens_per_sec: 80.0,
+            ..Default::default()
+        };
+        let g = summarize(&w);
+        assert_eq!((g.latency_tokens_per_sec, g.quality_tokens_per_sec), (80.0, None), "no judgement yet");
+        w.counts.input_tokens = 1_000_000;
+        w.counts.output_tokens = 1_000_000;
+        w.counts.cost = 4.0;
+        w.quality.judged = 10;
+        w.quality.passed = 8;
+        w.quality.perplexity_geomean = Some(5.0);
+        w.quality.hallucination_rate = Some(0.25);
+        let g = summarize(&w);
+        assert_eq!(g.quality_pass_rate, Some(0.8));
+        assert_eq!(g.quality_tokens_per_sec, Some(64.0));
+        let (lo, hi) = g.quality_tokens_per_sec_interval.unwrap();
+        assert!((lo - 0.4902 * 80.0).abs() < 0.1 && (hi - 0.9433 * 80.0).abs() < 0.1, "{lo} {hi}");
+        assert_eq!(g.price_per_1m_tokens, Some(2.0));
+        assert_eq!(g.effective_tps, Some(75.0));
+        assert_eq!(g.tput_per_ppl, Some(20.0));
+        assert_eq!(g.tput_per_ppl_price, Some(10.0));
+    }
+
     use crate::meter::record::TokenSource;
     use crate::openai::Operation;
     use std::time::Duration;
@@ -65,6 +147,8 @@ mod tests {
             start_unix_ms: 0,
             backend: "b".into(),
             route: "r".into(),
+            class: "c".into(),
+            slo: None,
             model: "m".into(),
             operation: Operation::Chat,
             stream: ttft.is_some(),

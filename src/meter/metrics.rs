@@ -2,7 +2,7 @@
 //! where they define one; everything else is `goodput_*`. The README lists each with its formula.
 
 use prometheus::{
-    Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
 };
 
 /// OTel's recommended TTFT buckets, extended below for fast backends and above to vLLM's tail.
@@ -68,6 +68,15 @@ pub struct Metrics {
     pub consistency_checked: IntCounterVec,
     pub consistency_hallucinated: IntCounterVec,
     pub consistency_failed: IntCounter,
+    pub route_decisions: IntCounterVec,
+    pub route_stats_reads: IntCounterVec,
+    pub backend_outstanding: GaugeVec,
+    pub circuit_state: GaugeVec,
+    pub window_throughput: GaugeVec,
+    pub window_goodput_requests: GaugeVec,
+    pub window_goodput_tokens: GaugeVec,
+    pub window_quality_pass_rate: GaugeVec,
+    pub window_index: GaugeVec,
 }
 
 /// Perplexity buckets: log-spaced, 2^(k/2) from 1 to 2^16 (perplexity is a geometric quantity).
@@ -85,6 +94,12 @@ fn hist(reg: &Registry, name: &str, help: &str, buckets: &[f64], labels: &[&str]
         .expect("valid histogram");
     reg.register(Box::new(h.clone())).expect("unique metric");
     h
+}
+
+fn gauge(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
+    let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    reg.register(Box::new(g.clone())).expect("unique metric");
+    g
 }
 
 fn counter(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -320,6 +335,60 @@ impl Metrics {
             consistency_failed: single(
                 "goodput_consistency_failed_total",
                 "Consistency checks that got no usable re-sample or score.",
+            ),
+            route_decisions: counter(
+                &reg,
+                "goodput_route_decisions_total",
+                "Routing decisions by route, chosen backend and reason: cheapest, fastest, best_quality, best_value (the class's objective among compliant backends), explore, sla_unmet (none complied: best effort), failover (after a connect failure), no_healthy_backend.",
+                &["route", "backend", "reason"],
+            ),
+            route_stats_reads: counter(
+                &reg,
+                "goodput_route_stats_reads_total",
+                "Reads of the router's statistics from Prometheus (routing.stats.source: prometheus), by result (success, error).",
+                &["result"],
+            ),
+            backend_outstanding: gauge(
+                &reg,
+                "goodput_backend_outstanding_requests",
+                "Requests sent to the backend and not finished (what max_concurrency and the tie-break read).",
+                &["backend"],
+            ),
+            circuit_state: gauge(
+                &reg,
+                "goodput_backend_circuit_state",
+                "1 for the backend's current circuit-breaker state (closed, open, half_open), 0 for the others.",
+                &["backend", "state"],
+            ),
+            window_throughput: gauge(
+                &reg,
+                "goodput_window_output_tokens_per_second",
+                "Output tokens/s over the sliding window (metrics.window_secs), per scope (backend or class) and name.",
+                &["scope", "name"],
+            ),
+            window_goodput_requests: gauge(
+                &reg,
+                "goodput_window_goodput_requests_per_second",
+                "Requests/s over the window that met every latency SLO of their class (weighting=latency), times the quality pass rate (weighting=quality, with quality_lower and quality_upper from its 95% Wilson interval).",
+                &["scope", "name", "weighting"],
+            ),
+            window_goodput_tokens: gauge(
+                &reg,
+                "goodput_window_goodput_tokens_per_second",
+                "Output tokens/s over the window of requests that met every latency SLO (weighting=latency), times the quality pass rate (weighting=quality, quality_lower, quality_upper).",
+                &["scope", "name", "weighting"],
+            ),
+            window_quality_pass_rate: gauge(
+                &reg,
+                "goodput_window_quality_pass_rate",
+                "Share of quality judgements over the quality window that passed the class's floors (perplexity <= max_perplexity; not hallucinated), with its 95% Wilson interval (bound=estimate, lower, upper).",
+                &["scope", "name", "bound"],
+            ),
+            window_index: gauge(
+                &reg,
+                "goodput_window_index",
+                "The seed's indexes over the window: effective_tps = tokens/s x (1 - hallucination rate); tput_per_ppl = tokens/s / perplexity; tput_per_ppl_price = tokens/s / (perplexity x price per 1M tokens).",
+                &["scope", "name", "index"],
             ),
             registry: reg,
         }

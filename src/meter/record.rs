@@ -43,6 +43,14 @@ impl Outcome {
     pub fn is_error(self) -> bool {
         !matches!(self, Outcome::Ok | Outcome::Cancelled)
     }
+
+    /// The backend failed (what the circuit breaker counts): not the client's doing.
+    pub fn is_upstream_failure(self) -> bool {
+        matches!(
+            self,
+            Outcome::UpstreamError | Outcome::UpstreamReset | Outcome::ConnectError | Outcome::Timeout
+        )
+    }
 }
 
 /// Where a token count came from.
@@ -78,6 +86,11 @@ pub struct RequestRecord {
     pub start_unix_ms: u64,
     pub backend: Arc<str>,
     pub route: Arc<str>,
+    /// The SLA class the request was routed under.
+    pub class: Arc<str>,
+    /// The latency SLOs it is judged against (its class's, with x-slo-* header overrides);
+    /// `None`: the global `slo`.
+    pub slo: Option<crate::config::Slo>,
     /// Bounded label value: a configured model name, `other` or `unknown`.
     pub model: Arc<str>,
     #[serde(serialize_with = "ser_op")]
@@ -127,6 +140,13 @@ pub struct RequestRecord {
     pub sample_consistency: bool,
 }
 
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
 fn ser_op<S: serde::Serializer>(op: &Operation, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(op.as_str())
 }
@@ -144,15 +164,21 @@ fn ser_dur<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> 
 
 impl RequestRecord {
     /// A record at the start of a request; the proxy fills in the rest as it proceeds.
-    pub fn start(id: u64, backend: Arc<str>, route: Arc<str>, model: Arc<str>, operation: Operation) -> Self {
+    pub fn start(
+        id: u64,
+        backend: Arc<str>,
+        route: Arc<str>,
+        class: Arc<str>,
+        model: Arc<str>,
+        operation: Operation,
+    ) -> Self {
         RequestRecord {
             id,
-            start_unix_ms: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
+            start_unix_ms: unix_ms(),
             backend,
             route,
+            class,
+            slo: None,
             model,
             operation,
             stream: false,

@@ -24,7 +24,10 @@ const DRAIN_EVERY: Duration = Duration::from_millis(10);
 
 /// What readers (admin endpoints, the router) see; never locked by the hot path.
 pub struct Shared {
+    /// Per backend.
     pub windows: ArcSwap<HashMap<String, WindowSnapshot>>,
+    /// Per SLA class (the class each request was routed under).
+    pub classes: ArcSwap<HashMap<String, WindowSnapshot>>,
     recent: Mutex<VecDeque<RequestRecord>>,
     /// Records fully processed so far (tests wait on it).
     processed: std::sync::atomic::AtomicU64,
@@ -61,6 +64,7 @@ impl Recorder {
         let (tx, rx) = sync_channel(QUEUE);
         let shared = Arc::new(Shared {
             windows: ArcSwap::from_pointee(HashMap::new()),
+            classes: ArcSwap::from_pointee(HashMap::new()),
             recent: Mutex::new(VecDeque::new()),
             processed: Default::default(),
         });
@@ -102,12 +106,13 @@ fn run(
 ) {
     let epoch = Instant::now();
     let mut windows: HashMap<String, BackendWindows> = HashMap::new();
+    let mut classes: HashMap<String, BackendWindows> = HashMap::new();
     let window_for = |windows: &mut HashMap<String, BackendWindows>,
-                      backend: &str,
+                      key: &str,
                       snap: &crate::config::reload::Snapshot| {
         let (lat, q) = (snap.config.metrics.window_secs, snap.config.quality.window_secs);
         let w = windows
-            .entry(backend.to_string())
+            .entry(key.to_string())
             .or_insert_with(|| BackendWindows { latency: Window::new(lat), quality: QualityWindow::new(q) });
         if w.latency.len_secs() != lat {
             w.latency = Window::new(lat);
@@ -132,9 +137,17 @@ fn run(
                     if let Some(q) = &quality {
                         hand_over(q, &mut r, texts);
                     }
+                    let cost = snap.backend(&r.backend).map_or(0.0, |b| {
+                        b.price.of(r.prompt_tokens.unwrap_or(0), r.completion_tokens.unwrap_or(0))
+                    });
+                    let now = epoch.elapsed().as_secs();
                     window_for(&mut windows, &r.backend, &snap);
                     if let Some(w) = windows.get_mut(&*r.backend) {
-                        w.latency.add(epoch.elapsed().as_secs(), &r);
+                        w.latency.add(now, &r, cost);
+                    }
+                    window_for(&mut classes, &r.class, &snap);
+                    if let Some(w) = classes.get_mut(&*r.class) {
+                        w.latency.add(now, &r, cost);
                     }
                     let keep = snap.config.metrics.recent_records;
                     let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
@@ -152,18 +165,22 @@ fn run(
         while let Some(ev) = quality.as_ref().and_then(|q| q.results.try_recv().ok()) {
             got_any = true;
             let snap = config.load_full();
-            let (id, backend) = match &ev {
-                QualityEvent::Perplexity(r) => (r.of.id, r.of.backend.clone()),
-                QualityEvent::Consistency(r) => (r.of.id, r.of.backend.clone()),
+            let of = match &ev {
+                QualityEvent::Perplexity(r) => &r.of,
+                QualityEvent::Consistency(r) => &r.of,
             };
+            let (id, backend, class) = (of.id, of.backend.clone(), of.class.clone());
             window_for(&mut windows, &backend, &snap);
+            window_for(&mut classes, &class, &snap);
+            let max_ppl = snap.config.classes.get(&*class).and_then(|c| c.max_perplexity);
             let now = epoch.elapsed().as_secs();
             let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
             let rec = recent.iter_mut().rev().find(|r| r.id == id);
             match ev {
                 QualityEvent::Perplexity(res) => {
-                    if let Some(w) = windows.get_mut(&*backend) {
-                        w.quality.add(now, res.perplexity, res.bits_per_byte, res.tokens);
+                    let passed = max_ppl.is_none_or(|m| res.perplexity <= m);
+                    for w in [windows.get_mut(&*backend), classes.get_mut(&*class)].into_iter().flatten() {
+                        w.quality.add(now, res.perplexity, res.bits_per_byte, res.tokens, passed);
                     }
                     if let Some(r) = rec {
                         r.perplexity = Some(res.perplexity);
@@ -171,7 +188,7 @@ fn run(
                     }
                 }
                 QualityEvent::Consistency(res) => {
-                    if let Some(w) = windows.get_mut(&*backend) {
+                    for w in [windows.get_mut(&*backend), classes.get_mut(&*class)].into_iter().flatten() {
                         w.quality.add_consistency(now, res.score, res.hallucinated);
                     }
                     if let Some(r) = rec {
@@ -185,23 +202,66 @@ fn run(
         if last_publish.elapsed() >= PUBLISH_EVERY {
             let now = epoch.elapsed().as_secs();
             let snap = config.load_full();
-            // Backends that left the config leave the windows too.
+            // Backends and classes that left the config leave the windows too.
             windows.retain(|name, _| snap.backends.iter().any(|b| &*b.name == name));
-            let map = windows
-                .iter()
-                .map(|(k, w)| {
-                    let mut s = w.latency.snapshot(now);
-                    s.quality = w.quality.snapshot(now);
-                    (k.clone(), s)
-                })
-                .collect();
-            shared.windows.store(Arc::new(map));
+            classes.retain(|name, _| {
+                snap.config.classes.contains_key(name) || name == crate::config::reload::UNCLASSED
+            });
+            let publish =
+                |scope: &str, ws: &HashMap<String, BackendWindows>| -> HashMap<String, WindowSnapshot> {
+                    ws.iter()
+                        .map(|(k, w)| {
+                            let mut s = w.latency.snapshot(now);
+                            s.quality = w.quality.snapshot(now);
+                            s.goodput = crate::goodput::summarize(&s);
+                            export_goodput(&metrics, scope, k, &s.goodput);
+                            (k.clone(), s)
+                        })
+                        .collect()
+                };
+            shared.windows.store(Arc::new(publish("backend", &windows)));
+            shared.classes.store(Arc::new(publish("class", &classes)));
+            for b in &snap.backends {
+                metrics.backend_outstanding.with_label_values(&[&*b.name]).set(b.state.outstanding() as f64);
+                let state = b.state.breaker_state();
+                for s in ["closed", "open", "half_open"] {
+                    metrics
+                        .circuit_state
+                        .with_label_values(&[&*b.name, s])
+                        .set(f64::from(u8::from(s == state)));
+                }
+            }
             last_publish = Instant::now();
         }
         if !got_any {
             std::thread::sleep(DRAIN_EVERY);
         }
     }
+}
+
+/// The window's goodput as gauges (absent quality figures are not exported, not zeroed).
+fn export_goodput(m: &Metrics, scope: &str, name: &str, g: &crate::goodput::Goodput) {
+    m.window_throughput.with_label_values(&[scope, name]).set(g.tokens_per_sec);
+    let set = |v: &prometheus::GaugeVec, w: &str, x: Option<f64>| {
+        if let Some(x) = x {
+            v.with_label_values(&[scope, name, w]).set(x);
+        }
+    };
+    let (req, tok) = (&m.window_goodput_requests, &m.window_goodput_tokens);
+    set(req, "latency", Some(g.latency_requests_per_sec));
+    set(tok, "latency", Some(g.latency_tokens_per_sec));
+    set(req, "quality", g.quality_requests_per_sec);
+    set(tok, "quality", g.quality_tokens_per_sec);
+    set(tok, "quality_lower", g.quality_tokens_per_sec_interval.map(|i| i.0));
+    set(tok, "quality_upper", g.quality_tokens_per_sec_interval.map(|i| i.1));
+    let pr = &m.window_quality_pass_rate;
+    set(pr, "estimate", g.quality_pass_rate);
+    set(pr, "lower", g.quality_pass_interval.map(|i| i.0));
+    set(pr, "upper", g.quality_pass_interval.map(|i| i.1));
+    let ix = &m.window_index;
+    set(ix, "effective_tps", g.effective_tps);
+    set(ix, "tput_per_ppl", g.tput_per_ppl);
+    set(ix, "tput_per_ppl_price", g.tput_per_ppl_price);
 }
 
 /// Give a finished, sampled request's text to the scorers (both may take it); count every
@@ -254,7 +314,7 @@ fn finalize(r: &mut RequestRecord, snap: &crate::config::reload::Snapshot) -> Op
         r.completion_source = TokenSource::Tokenizer;
     }
     r.compute_tpot();
-    r.slo_met = crate::goodput::judge(r, &snap.config.slo);
+    r.slo_met = crate::goodput::judge(r, &r.slo.unwrap_or(snap.config.slo));
     texts
 }
 

@@ -39,6 +39,8 @@ pub struct Counts {
     pub input_tokens: u64,
     pub output_tokens: u64,
     pub slo_met_output_tokens: u64,
+    /// What the window's tokens cost at the backends' prices.
+    pub cost: f64,
 }
 
 impl Counts {
@@ -51,6 +53,7 @@ impl Counts {
         self.input_tokens += o.input_tokens;
         self.output_tokens += o.output_tokens;
         self.slo_met_output_tokens += o.slo_met_output_tokens;
+        self.cost += o.cost;
     }
 }
 
@@ -103,6 +106,8 @@ pub struct WindowSnapshot {
     pub error_rate: Option<f64>,
     /// Scored responses over the (longer) quality window.
     pub quality: QualitySnapshot,
+    /// Latency and quality-weighted goodput and the seed indexes (filled when published).
+    pub goodput: crate::goodput::Goodput,
 }
 
 impl Window {
@@ -135,11 +140,12 @@ impl Window {
         s
     }
 
-    /// Add a finished record at `second` (a monotonic second count).
-    pub fn add(&mut self, second: u64, r: &RequestRecord) {
+    /// Add a finished record at `second` (a monotonic second count) and what its tokens cost.
+    pub fn add(&mut self, second: u64, r: &RequestRecord, cost: f64) {
         let s = self.slot(second);
         let c = &mut s.counts;
         c.requests += 1;
+        c.cost += cost;
         c.errors += u64::from(r.outcome.is_error());
         c.cancelled += u64::from(r.outcome == super::record::Outcome::Cancelled);
         c.input_tokens += r.prompt_tokens.unwrap_or(0);
@@ -193,6 +199,7 @@ impl Window {
             error_rate: ratio(counts.errors, counts.requests),
             counts,
             quality: QualitySnapshot::default(),
+            goodput: Default::default(),
         }
     }
 }
@@ -213,6 +220,8 @@ struct QualitySlot {
     checked: u64,
     hallucinated: u64,
     consistency_sum: f64,
+    judged: u64,
+    passed: u64,
 }
 
 pub struct QualityWindow {
@@ -235,6 +244,10 @@ pub struct QualitySnapshot {
     pub hallucinated: u64,
     pub hallucination_rate: Option<f64>,
     pub consistency_score_mean: Option<f64>,
+    /// Quality judgements (one per perplexity score, one per consistency check) and those
+    /// that passed the class's floors: the pass rate that weights goodput.
+    pub judged: u64,
+    pub passed: u64,
 }
 
 impl QualityWindow {
@@ -249,6 +262,8 @@ impl QualityWindow {
             checked: 0,
             hallucinated: 0,
             consistency_sum: 0.0,
+            judged: 0,
+            passed: 0,
         };
         QualityWindow { slots: vec![slot; n] }
     }
@@ -279,6 +294,8 @@ impl QualityWindow {
             s.checked = 0;
             s.hallucinated = 0;
             s.consistency_sum = 0.0;
+            s.judged = 0;
+            s.passed = 0;
         }
         s
     }
@@ -291,13 +308,18 @@ impl QualityWindow {
         s.checked += 1;
         s.hallucinated += u64::from(hallucinated);
         s.consistency_sum += score;
+        s.judged += 1;
+        s.passed += u64::from(!hallucinated);
     }
 
-    pub fn add(&mut self, second: u64, perplexity: f64, bits_per_byte: f64, tokens: u64) {
+    /// A perplexity score; `passed`: within the class's `max_perplexity` (or none is set).
+    pub fn add(&mut self, second: u64, perplexity: f64, bits_per_byte: f64, tokens: u64, passed: bool) {
         if !(perplexity.is_finite() && perplexity >= 1.0 && bits_per_byte.is_finite()) {
             return;
         }
         let s = self.slot(second);
+        s.judged += 1;
+        s.passed += u64::from(passed);
         let _ = s.perplexity.record(((perplexity * PPL_SCALE) as u64).clamp(1, 1_000_000_000_000));
         s.bits_per_byte_sum += bits_per_byte;
         s.log_perplexity_sum += perplexity.ln();
@@ -310,6 +332,7 @@ impl QualityWindow {
         let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000_000, 2).expect("valid bounds");
         let (mut bpb, mut lnp, mut tokens) = (0.0, 0.0, 0);
         let (mut checked, mut hallucinated, mut csum) = (0, 0, 0.0);
+        let (mut judged, mut passed) = (0, 0);
         for s in &self.slots {
             if s.index == u64::MAX || s.index > now || now - s.index >= n {
                 continue;
@@ -321,6 +344,8 @@ impl QualityWindow {
             checked += s.checked;
             hallucinated += s.hallucinated;
             csum += s.consistency_sum;
+            judged += s.judged;
+            passed += s.passed;
         }
         let count = h.len();
         let q = |p: f64| (count > 0).then(|| h.value_at_quantile(p) as f64 / PPL_SCALE);
@@ -337,6 +362,8 @@ impl QualityWindow {
             hallucinated,
             hallucination_rate: (checked > 0).then(|| hallucinated as f64 / checked as f64),
             consistency_score_mean: (checked > 0).then(|| csum / checked as f64),
+            judged,
+            passed,
         }
     }
 }
@@ -353,6 +380,8 @@ mod tests {
             start_unix_ms: 0,
             backend: "b".into(),
             route: "r".into(),
+            class: "c".into(),
+            slo: None,
             model: "m".into(),
             operation: Operation::Chat,
             stream: true,
@@ -386,7 +415,7 @@ mod tests {
     fn quantiles_over_window() {
         let mut w = Window::new(10);
         for i in 1..=100 {
-            w.add(5, &rec(i, true, i <= 90));
+            w.add(5, &rec(i, true, i <= 90), 0.0);
         }
         let s = w.snapshot(5);
         assert_eq!(s.ttft.count, 100);
@@ -402,8 +431,8 @@ mod tests {
     #[test]
     fn old_slots_expire() {
         let mut w = Window::new(10);
-        w.add(1, &rec(10, true, true));
-        w.add(12, &rec(20, false, false));
+        w.add(1, &rec(10, true, true), 0.0);
+        w.add(12, &rec(20, false, false), 0.0);
         let s = w.snapshot(12);
         assert_eq!(s.counts.requests, 1, "second 1 is outside [3, 12]");
         assert_eq!(s.error_rate, Some(1.0));
@@ -416,14 +445,15 @@ mod tests {
         let mut q = QualityWindow::new(60);
         assert_eq!(q.len_secs(), 60);
         for (i, p) in [2.0, 8.0, 4.0].iter().enumerate() {
-            q.add(i as u64, *p, 1.0, 10);
+            q.add(i as u64, *p, 1.0, 10, *p < 5.0);
         }
-        q.add(3, f64::NAN, 1.0, 1);
+        q.add(3, f64::NAN, 1.0, 1, true);
         let s = q.snapshot(5);
         assert_eq!((s.scored, s.scored_tokens), (3, 30));
         assert!((s.perplexity_geomean.unwrap() - 4.0).abs() < 1e-9);
         assert!((s.perplexity_p50.unwrap() - 4.0).abs() < 0.05);
         assert_eq!(s.bits_per_byte_mean, Some(1.0));
+        assert_eq!((s.judged, s.passed), (3, 2), "8.0 failed its floor; NaN is not judged");
         assert_eq!(q.snapshot(70).scored, 0, "slot 0 (seconds 0-9) left the 60 s window");
         q.add_consistency(71, 0.8, true);
         q.add_consistency(72, 0.2, false);
@@ -437,8 +467,8 @@ mod tests {
     #[test]
     fn slot_reuse_resets() {
         let mut w = Window::new(2);
-        w.add(0, &rec(10, true, true));
-        w.add(2, &rec(30, true, true));
+        w.add(0, &rec(10, true, true), 0.0);
+        w.add(2, &rec(30, true, true), 0.0);
         let s = w.snapshot(2);
         assert_eq!(s.counts.requests, 1);
         assert!((s.ttft.p50.unwrap() - 0.030).abs() < 0.001);

@@ -128,6 +128,13 @@ pub fn inject_include_usage(body: &[u8], info: &RequestInfo) -> Option<Vec<u8>> 
     serde_json::to_vec(&v).ok()
 }
 
+/// Set the body's `model` (a route's `rewrite_model`). `None` if the body is not a JSON object.
+pub fn rewrite_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
+    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.as_object_mut()?.insert("model".into(), serde_json::Value::String(model.into()));
+    serde_json::to_vec(&v).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -185,6 +192,14 @@ mod tests {
         let back = RequestInfo::parse(&out);
         assert_eq!(back.include_usage, Some(true));
         assert!(back.continuous_usage_stats);
+    }
+
+    #[test]
+    fn model_rewrite() {
+        let out = rewrite_model(br#"{"model":"chat","stream":true}"#, "Qwen/Qwen2.5-7B").unwrap();
+        let i = RequestInfo::parse(&out);
+        assert_eq!((i.model.as_deref(), i.stream), (Some("Qwen/Qwen2.5-7B"), true));
+        assert!(rewrite_model(b"[1]", "m").is_none());
     }
 
     #[test]

@@ -16,6 +16,7 @@ use tokio::time::Sleep;
 use crate::meter::observe::ResponseMeter;
 use crate::meter::record::{Outcome, RequestRecord, TokenSource};
 use crate::meter::recorder::Recorder;
+use crate::route::Dispatch;
 
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -43,6 +44,9 @@ pub struct Metering {
 pub struct MeteredBody {
     inner: Incoming,
     metering: Option<Box<Metering>>,
+    /// Counts the request as outstanding at its backend until the body is dropped; with
+    /// metering, the request's final outcome goes to the backend's circuit breaker.
+    dispatch: Option<Dispatch>,
     idle: Pin<Box<Sleep>>,
     idle_after: Duration,
     tail: Option<Bytes>,
@@ -50,10 +54,16 @@ pub struct MeteredBody {
 }
 
 impl MeteredBody {
-    pub fn new(inner: Incoming, metering: Option<Box<Metering>>, idle_after: Duration) -> Self {
+    pub fn new(
+        inner: Incoming,
+        metering: Option<Box<Metering>>,
+        dispatch: Option<Dispatch>,
+        idle_after: Duration,
+    ) -> Self {
         MeteredBody {
             inner,
             metering,
+            dispatch,
             idle: Box::pin(tokio::time::sleep(idle_after)),
             idle_after,
             tail: None,
@@ -104,6 +114,9 @@ impl MeteredBody {
             None => r.outcome,
         };
         m.in_flight.dec();
+        if let Some(d) = &self.dispatch {
+            d.state().report(!r.outcome.is_upstream_failure());
+        }
         let Metering { record, recorder, .. } = *m;
         recorder.submit(record);
     }

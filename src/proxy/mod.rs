@@ -11,6 +11,7 @@ pub mod headers;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Either, Full, Limited};
+use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -27,7 +28,9 @@ use crate::meter::metrics::Metrics;
 use crate::meter::observe::ResponseMeter;
 use crate::meter::record::{Outcome, RequestRecord};
 use crate::meter::recorder::Recorder;
+use crate::openai::request::rewrite_model;
 use crate::openai::{Operation, RequestInfo, inject_include_usage};
+use crate::route::{Dispatch, Router, SloHeaders};
 use body::{MeteredBody, Metering};
 
 pub type UpstreamBody = Either<Full<Bytes>, Limited<Incoming>>;
@@ -37,6 +40,7 @@ pub struct Proxy {
     pub config: Arc<ConfigHandle>,
     pub recorder: Recorder,
     pub metrics: Metrics,
+    pub router: Router,
     client: Client<HttpConnector, UpstreamBody>,
     ready: AtomicBool,
     next_id: AtomicU64,
@@ -82,6 +86,7 @@ impl Proxy {
         Arc::new(Proxy {
             config,
             recorder,
+            router: Router::new(metrics.route_decisions.clone()),
             metrics,
             client,
             ready: AtomicBool::new(false),
@@ -149,12 +154,9 @@ impl Proxy {
         let t0 = Instant::now();
         let snap = self.config.load_full();
         let cfg = &snap.config;
-        let backend = snap.default_backend().clone();
         let op =
             (req.method() == http::Method::POST).then(|| Operation::from_path(req.uri().path())).flatten();
         let (mut parts, body) = req.into_parts();
-        // The client's URI (the upstream's replaces it below); cloning shares its bytes.
-        let client_uri = parts.uri.clone();
         let limit = cfg.limits.max_body_bytes;
 
         let declared_len = parts
@@ -166,39 +168,24 @@ impl Proxy {
             self.metrics.body_too_large.inc();
             return too_large(limit);
         }
-
-        let uri = {
-            let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-            let mut s = String::with_capacity(backend.origin.len() + backend.base_path.len() + pq.len());
-            s.push_str(&backend.origin);
-            s.push_str(&backend.base_path);
-            s.push_str(pq);
-            match s.parse::<http::Uri>() {
-                Ok(u) => u,
-                Err(_) => {
-                    return error_response(
-                        StatusCode::BAD_REQUEST,
-                        "invalid_request_error",
-                        "bad_uri",
-                        "invalid request URI",
-                    );
-                }
-            }
-        };
         headers::strip_hop_by_hop(&mut parts.headers);
         parts.headers.remove(header::HOST);
         headers::add_forwarded(&mut parts.headers, client.map(|c| c.ip()));
-        for (k, v) in &backend.headers {
-            parts.headers.insert(k.clone(), v.clone());
-        }
-        parts.uri = uri;
-        parts.version = http::Version::HTTP_11;
+        let slo_headers = SloHeaders::from(&parts.headers);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
 
-        // Metered paths: the JSON body is read whole (it must be parsed) within the limit.
+        // The body: metered paths read it whole (it must be parsed) within the limit, and so
+        // can send it again on failover; other paths stream it unless it is empty.
         let mut metering = None;
         let mut client_time = Duration::ZERO;
-        let upstream_body = match op {
-            None => Either::Right(Limited::new(body, limit as usize)),
+        let mut model_field: Option<String> = None;
+        let mut streamed = None;
+        let replay: Option<Bytes> = match op {
+            None if body.is_end_stream() => Some(Bytes::new()),
+            None => {
+                streamed = Some(Limited::new(body, limit as usize));
+                None
+            }
             Some(op) => {
                 let t_read = Instant::now();
                 let read = Limited::new(body, limit as usize).collect().await;
@@ -219,86 +206,169 @@ impl Proxy {
                     }
                 };
                 let info = RequestInfo::parse(&bytes);
-                let model_field = if info.valid_json { info.model.as_deref() } else { None };
-                let route = snap.route(client_uri.path(), model_field, &parts.headers);
-                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                // Sampling for quality: a hash and a refcount; the scoring happens elsewhere.
-                let (sample_ppl, sample_cons) = self.sample(cfg, &parts.headers, id, route.sample_rate);
-                let sample_ppl = sample_ppl && info.valid_json;
-                let sample_cons = sample_cons && info.valid_json;
-                let score_request = (sample_ppl || sample_cons).then(|| bytes.clone());
+                if info.valid_json {
+                    model_field = info.model.clone();
+                }
                 let inject = cfg.usage.inject_stream_usage && info.wants_injected_usage();
                 let rewritten = if inject { inject_include_usage(&bytes, &info) } else { None };
                 let injected = rewritten.is_some();
-                let bytes = match rewritten {
-                    Some(b) => {
-                        self.metrics.usage_injected.inc();
-                        parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(b.len()));
-                        Bytes::from(b)
-                    }
+                if injected {
+                    self.metrics.usage_injected.inc();
+                }
+                metering = Some((op, info, injected, bytes.clone()));
+                Some(match rewritten {
+                    Some(b) => Bytes::from(b),
                     None => bytes,
-                };
-                let model = backend.model_label(model_field);
-                let mut record = RequestRecord::start(id, backend.name.clone(), route.name, model, op);
-                record.stream = info.stream;
-                record.n = info.n;
-                record.score_request = score_request;
-                record.sample_perplexity = sample_ppl;
-                record.sample_consistency = sample_cons;
-                metering = Some((record, info, injected));
-                Either::Left(Full::new(bytes))
+                })
             }
         };
-        let upstream_req = Request::from_parts(parts, upstream_body);
-        let t_send = Instant::now();
-        // Time in the proxy before the upstream call; reading the body is the client's time.
-        if let Some((record, _, _)) = &mut metering {
-            record.overhead = t_send.duration_since(t0).saturating_sub(client_time);
-        }
-        let timeouts = cfg.timeouts;
-        let result = tokio::time::timeout(
-            Duration::from_millis(timeouts.first_byte_ms),
-            self.client.request(upstream_req),
-        )
-        .await;
-        let t_headers = Instant::now();
-        let backend_name = backend.name.clone();
-        let errors = self.metrics.upstream_errors.clone();
+        let route = snap.route(parts.uri.path(), model_field.as_deref(), &parts.headers);
 
-        let resp = match result {
-            Err(_) => {
-                return fail_with(
-                    &mut metering,
-                    &self.recorder,
-                    &errors,
-                    &backend_name,
-                    t0,
+        // Quality sampling: a hash and a refcount; the scoring happens elsewhere.
+        let mut metering = metering.map(|(op, info, injected, original)| {
+            let (sample_ppl, sample_cons) = self.sample(cfg, &parts.headers, id, route.sample_rate);
+            let sample_ppl = sample_ppl && info.valid_json;
+            let sample_cons = sample_cons && info.valid_json;
+            let backend0 = &snap.backends[route.candidates.first().copied().unwrap_or(0)];
+            let mut record = RequestRecord::start(
+                id,
+                backend0.name.clone(),
+                route.name.clone(),
+                route.class_name.clone(),
+                backend0.model_label(model_field.as_deref()),
+                op,
+            );
+            record.stream = info.stream;
+            record.n = info.n;
+            record.score_request = (sample_ppl || sample_cons).then_some(original);
+            record.sample_perplexity = sample_ppl;
+            record.sample_consistency = sample_cons;
+            let mut slo = route.slo;
+            slo.ttft_ms = slo_headers.ttft_ms.or(slo.ttft_ms);
+            slo.tpot_ms = slo_headers.tpot_ms.or(slo.tpot_ms);
+            record.slo = Some(slo);
+            (record, info, injected)
+        });
+
+        // Route, send, and on a connect failure (no byte of the request left) fail over to
+        // the next candidate while the body can be sent again.
+        let can_failover = replay.is_some() && route.candidates.len() > 1;
+        let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
+        let timeouts = cfg.timeouts;
+        let errors = self.metrics.upstream_errors.clone();
+        let mut tried: Vec<usize> = Vec::new();
+        let (resp, backend, dispatch, reason) = loop {
+            // The statistics snapshot is read per attempt and not held across the await.
+            let choice = {
+                let windows = self.recorder.shared.windows.load();
+                self.router.choose(&snap, route, slo_headers, &windows, id, &tried)
+            };
+            let backend = snap.backends[choice.backend].clone();
+            let mut uri = String::with_capacity(backend.origin.len() + backend.base_path.len() + pq.len());
+            uri.push_str(&backend.origin);
+            uri.push_str(&backend.base_path);
+            uri.push_str(&pq);
+            let Ok(uri) = uri.parse::<http::Uri>() else {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    "bad_uri",
+                    "invalid request URI",
+                );
+            };
+            let mut headers =
+                if can_failover { parts.headers.clone() } else { std::mem::take(&mut parts.headers) };
+            for (k, v) in &backend.headers {
+                headers.insert(k.clone(), v.clone());
+            }
+            let upstream_body = match (&replay, streamed.take()) {
+                (Some(bytes), _) => {
+                    let mut bytes = bytes.clone();
+                    // One public model name over backends that serve different models.
+                    if route.rewrite_model
+                        && let (Some(m), Some(served)) = (model_field.as_deref(), &backend.served_model)
+                        && !backend.serves(m)
+                        && let Some(b) = rewrite_model(&bytes, served)
+                    {
+                        bytes = Bytes::from(b);
+                    }
+                    if op.is_some() {
+                        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                    }
+                    Either::Left(Full::new(bytes))
+                }
+                (None, Some(s)) => Either::Right(s),
+                (None, None) => Either::Left(Full::new(Bytes::new())),
+            };
+            if let Some((record, _, _)) = &mut metering {
+                record.backend = backend.name.clone();
+                let effective = match (route.rewrite_model, model_field.as_deref(), &backend.served_model) {
+                    (true, Some(m), Some(served)) if !backend.serves(m) => Some(&**served),
+                    _ => model_field.as_deref(),
+                };
+                record.model = backend.model_label(effective);
+            }
+            let mut upstream_req = Request::new(upstream_body);
+            *upstream_req.method_mut() = parts.method.clone();
+            *upstream_req.uri_mut() = uri;
+            *upstream_req.headers_mut() = headers;
+            *upstream_req.version_mut() = http::Version::HTTP_11;
+            let dispatch = Dispatch::start(&backend.state);
+            let t_send = Instant::now();
+            // Time in the proxy before the upstream call; reading the body is the client's time.
+            if let Some((record, _, _)) = &mut metering {
+                record.overhead = t_send.duration_since(t0).saturating_sub(client_time);
+            }
+            let result = tokio::time::timeout(
+                Duration::from_millis(timeouts.first_byte_ms),
+                self.client.request(upstream_req),
+            )
+            .await;
+            let (status, kind, outcome, msg) = match result {
+                Ok(Ok(r)) => break (r, backend, dispatch, choice.reason),
+                Err(_) => (
                     StatusCode::GATEWAY_TIMEOUT,
                     "timeout_first_byte",
                     Outcome::Timeout,
                     format!("upstream sent no response headers within {} ms", timeouts.first_byte_ms),
-                );
+                ),
+                Ok(Err(e)) => classify(&e, timeouts.connect_ms),
+            };
+            backend.state.report(false);
+            let before_any_byte = matches!(kind, "connect" | "timeout_connect");
+            if before_any_byte && can_failover && tried.len() + 1 < route.candidates.len() {
+                errors.with_label_values(&[&backend.name, kind]).inc();
+                tracing::warn!(backend = %backend.name, kind, "upstream failure, failing over: {msg}");
+                tried.push(choice.backend);
+                continue;
             }
-            Ok(Err(e)) => {
-                let (status, kind, outcome, msg) = classify(&e, timeouts.connect_ms);
-                return fail_with(
-                    &mut metering,
-                    &self.recorder,
-                    &errors,
-                    &backend_name,
-                    t0,
-                    status,
-                    kind,
-                    outcome,
-                    msg,
-                );
-            }
-            Ok(Ok(r)) => r,
+            return fail_with(
+                &mut metering,
+                &self.recorder,
+                &errors,
+                &backend.name,
+                t0,
+                status,
+                kind,
+                outcome,
+                msg,
+            );
         };
+        let t_headers = Instant::now();
         self.ready.store(true, Ordering::Relaxed);
 
         let (mut rparts, rbody) = resp.into_parts();
         headers::strip_hop_by_hop(&mut rparts.headers);
+        if cfg.routing.response_headers {
+            if let Ok(v) = HeaderValue::from_str(&backend.name) {
+                rparts.headers.insert("x-goodput-backend", v);
+            }
+            rparts.headers.insert("x-goodput-reason", HeaderValue::from_static(reason.as_str()));
+        }
+        if metering.is_none() {
+            // Unmetered paths: the answer's status is what the breaker learns.
+            backend.state.report(rparts.status.as_u16() < 500);
+        }
         let idle = Duration::from_millis(timeouts.idle_ms);
         let metering = metering.map(|(mut record, info, injected)| {
             let status = rparts.status.as_u16();
@@ -326,7 +396,7 @@ impl Proxy {
             let in_flight = self.metrics.in_flight.with_label_values(&[&*record.backend]);
             in_flight.inc();
             let errors = errors.clone();
-            let name = backend_name.clone();
+            let name = backend.name.clone();
             Box::new(Metering {
                 meter: ResponseMeter::new(sse, injected, info.n, collect_text, itl),
                 record,
@@ -340,7 +410,7 @@ impl Proxy {
         if let Some(m) = &mut metering {
             m.record.overhead += t_headers.elapsed();
         }
-        Response::from_parts(rparts, Either::Left(MeteredBody::new(rbody, metering, idle)))
+        Response::from_parts(rparts, Either::Left(MeteredBody::new(rbody, metering, Some(dispatch), idle)))
     }
 }
 

@@ -16,11 +16,18 @@ pub struct Subject {
     pub backend: std::sync::Arc<str>,
     pub model: std::sync::Arc<str>,
     pub route: std::sync::Arc<str>,
+    pub class: std::sync::Arc<str>,
 }
 
 impl Subject {
     pub fn of(r: &crate::meter::record::RequestRecord) -> Subject {
-        Subject { id: r.id, backend: r.backend.clone(), model: r.model.clone(), route: r.route.clone() }
+        Subject {
+            id: r.id,
+            backend: r.backend.clone(),
+            model: r.model.clone(),
+            route: r.route.clone(),
+            class: r.class.clone(),
+        }
     }
 
     /// gen_ai_request_model, backend, route.

@@ -48,6 +48,19 @@ impl Breaker {
         Breaker { cfg, state: State::Closed, consecutive: 0, window_start: now, requests: 0, failures: 0 }
     }
 
+    pub fn set_config(&mut self, cfg: BreakerConfig) {
+        self.cfg = cfg;
+    }
+
+    /// Whether `allow` would let a request through now, without claiming the half-open probe.
+    pub fn would_allow(&self, now: Instant) -> bool {
+        match self.state {
+            State::Closed | State::HalfOpen { probing: false } => true,
+            State::Open { until } => now >= until,
+            State::HalfOpen { probing: true } => false,
+        }
+    }
+
     /// Whether a request may go to this backend now. In half-open state one probe at a time.
     pub fn allow(&mut self, now: Instant) -> bool {
         match self.state {

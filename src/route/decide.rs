@@ -11,10 +11,10 @@
 //! 5. No compliant backend: best effort, the one with the fewest violated bounds, reason
 //!    `sla_unmet`.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use std::fmt::Write;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Objective {
     Cheapest,
@@ -35,7 +35,7 @@ pub struct Class {
 }
 
 /// A backend's windowed statistics (the recorder's windows, or Prometheus in multi-replica mode).
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Stats {
     /// Requests in the latency window.
     pub samples: u64,
@@ -54,7 +54,7 @@ pub struct Stats {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
-    pub name: String,
+    pub name: std::sync::Arc<str>,
     /// The circuit breaker lets a request through.
     pub healthy: bool,
     pub outstanding: u64,
@@ -94,6 +94,7 @@ pub enum Reason {
     Explore,
     SlaUnmet,
     NoHealthyBackend,
+    Failover,
 }
 
 impl Reason {
@@ -106,6 +107,7 @@ impl Reason {
             Reason::Explore => "explore",
             Reason::SlaUnmet => "sla_unmet",
             Reason::NoHealthyBackend => "no_healthy_backend",
+            Reason::Failover => "failover",
         }
     }
 }
@@ -252,7 +254,7 @@ pub fn decide(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decisi
         Objective::BestQuality => Reason::BestQuality,
         Objective::BestValue => Reason::BestValue,
     };
-    let names: Vec<&str> = compliant.iter().map(|&j| cands[j].name.as_str()).collect();
+    let names: Vec<&str> = compliant.iter().map(|&j| &*cands[j].name).collect();
     Decision {
         backend: Some(i),
         reason,

@@ -46,6 +46,11 @@ pub struct SimConfig {
     pub error_rate: f64,
     /// Share of streams reset (connection aborted) halfway through.
     pub reset_rate: f64,
+    /// Text quality. Unset: words drawn from a small vocabulary (the default text). A number
+    /// in [0, 1]: the share of words taken from fixed English prose, the same for every
+    /// re-sample of a prompt; the others are random letter strings that differ per request. Low
+    /// quality shows as high perplexity and as re-samples that disagree.
+    pub quality: Option<f64>,
 }
 
 impl Default for SimConfig {
@@ -60,6 +65,7 @@ impl Default for SimConfig {
             output_tokens_spread: 0.0,
             error_rate: 0.0,
             reset_rate: 0.0,
+            quality: None,
         }
     }
 }
@@ -80,6 +86,11 @@ impl SimConfig {
             if !(0.0..=1.0).contains(&v) {
                 return Err((f, format!("must be within [0, 1], got {v}")));
             }
+        }
+        if let Some(q) = self.quality
+            && !(0.0..=1.0).contains(&q)
+        {
+            return Err(("quality", format!("must be within [0, 1], got {q}")));
         }
         if self.output_tokens == 0 {
             return Err(("output_tokens", "must be >= 1".into()));
@@ -136,6 +147,22 @@ impl Sim {
 
     pub fn set_config(&self, cfg: SimConfig) {
         self.cfg.store(Arc::new(cfg));
+    }
+
+    /// Change some settings at run time (a JSON object merged into the config), e.g.
+    /// `{"ttft_ms": 2000}` to degrade it and the old values to recover. Validated first.
+    pub fn patch(&self, patch: &Value) -> Result<SimConfig, String> {
+        let Value::Object(fields) = patch else { return Err("expected a JSON object".into()) };
+        let mut v = serde_json::to_value(&*self.config()).map_err(|e| e.to_string())?;
+        if let Value::Object(cur) = &mut v {
+            for (k, x) in fields {
+                cur.insert(k.clone(), x.clone());
+            }
+        }
+        let cfg: SimConfig = serde_json::from_value(v).map_err(|e| e.to_string())?;
+        cfg.validate().map_err(|(f, why)| format!("{f}: {why}"))?;
+        self.set_config(cfg.clone());
+        Ok(cfg)
     }
 
     pub fn config(&self) -> Arc<SimConfig> {
@@ -215,6 +242,17 @@ async fn handle(sim: Arc<Sim>, req: Request<Incoming>) -> Result<Response<SimBod
             .body(Either::Left(Full::new(Bytes::from(sim.metrics_text()))))
             .expect("valid response"),
         (Method::GET, "/health") => json_response(StatusCode::OK, &json!({"status": "ok"})),
+        (Method::GET, "/sim/config") => json_response(StatusCode::OK, &json!(&*cfg)),
+        (Method::POST, "/sim/config") => match read_json(req).await {
+            Ok(patch) => match sim.patch(&patch) {
+                Ok(c) => json_response(StatusCode::OK, &json!(c)),
+                Err(e) => json_response(
+                    StatusCode::BAD_REQUEST,
+                    &json!({"error": {"message": e, "type": "invalid_request_error", "code": 400}}),
+                ),
+            },
+            Err(r) => r,
+        },
         (Method::GET, "/v1/models") => json_response(
             StatusCode::OK,
             &json!({"object": "list", "data": [{"id": cfg.model, "object": "model", "owned_by": "goodput-sim"}]}),
@@ -415,6 +453,10 @@ fn plan(sim: &Sim, cfg: &SimConfig, body: &Value, prompt_hash: u64) -> Plan {
         let natural = if hi > lo { text_rng.random_range(lo..=hi) } else { lo };
         let len = max_tokens.map_or(natural, |m| natural.min(m));
         finish.push(if max_tokens.is_some_and(|m| m < natural) { "length" } else { "stop" });
+        if let Some(q) = cfg.quality {
+            choices.push(prose(q, len, cfg.seed ^ prompt_hash, &mut time_rng));
+            continue;
+        }
         let mut words = Vec::with_capacity(len);
         let mut since_stop = 0;
         for i in 0..len {
@@ -437,6 +479,34 @@ fn plan(sim: &Sim, cfg: &SimConfig, body: &Value, prompt_hash: u64) -> Plan {
     let gaps = (1..steps).map(|_| sample_delay(&mut time_rng, cfg.tpot_ms, cfg.jitter)).collect();
     let reset_at = (cfg.reset_rate > 0.0 && time_rng.random_bool(cfg.reset_rate)).then_some(steps / 2);
     Plan { choices, finish, ttft, gaps, reset_at }
+}
+
+const PROSE: &str = "The river runs north through the old city, past the market and the stone bridge. \
+In the morning the streets are quiet, and the bakers open their doors before the sun is up. \
+Children walk to school along the water, and their parents stop for coffee at the corner. \
+By noon the square is full of people who buy fruit, bread and fresh fish from the coast. \
+In the evening the lights come on along the river, and the city slowly goes to sleep.";
+
+/// `len` words of `PROSE` from a prompt-chosen start, each replaced with probability
+/// 1 - `quality` by a random letter string drawn from `noise` (different per request).
+fn prose(quality: f64, len: usize, stable_seed: u64, noise: &mut StdRng) -> Vec<String> {
+    let words: Vec<&str> = PROSE.split_whitespace().collect();
+    let start = (stable_seed % words.len() as u64) as usize;
+    // Start at a sentence boundary so the text reads as prose.
+    let start = (start..start + words.len())
+        .find(|i| words[(i + words.len() - 1) % words.len()].ends_with('.'))
+        .unwrap_or(0);
+    (0..len)
+        .map(|i| {
+            let w = if noise.random_bool(quality) {
+                words[(start + i) % words.len()].to_string()
+            } else {
+                let n = noise.random_range(3..9);
+                (0..n).map(|_| char::from(b'a' + noise.random_range(0..26u8))).collect()
+            };
+            if i == 0 { w } else { format!(" {w}") }
+        })
+        .collect()
 }
 
 fn capitalize(w: &str) -> String {
@@ -650,5 +720,32 @@ impl hyper::body::Body for ChannelBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         self.rx.poll_recv(cx).map(|o| o.map(|r| r.map(Frame::data)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn texts(cfg: &SimConfig, n: usize) -> Vec<String> {
+        let sim = Sim::new(cfg.clone());
+        let body = json!({"messages": [{"role": "user", "content": "tell me"}], "temperature": 1.0});
+        (0..n).map(|_| plan(&sim, cfg, &body, 7).choices[0].concat()).collect()
+    }
+
+    #[test]
+    fn quality_sets_how_much_of_the_text_is_stable_prose() {
+        let good = SimConfig { quality: Some(1.0), output_tokens: 20, ..Default::default() };
+        let t = texts(&good, 3);
+        assert!(t.iter().all(|x| *x == t[0]), "re-samples agree at quality 1: {t:?}");
+        assert!(PROSE.contains(&t[0]), "{}", t[0]);
+        let poor = SimConfig { quality: Some(0.3), ..good };
+        let t = texts(&poor, 3);
+        assert!(t[0] != t[1] && t[1] != t[2], "re-samples differ at quality 0.3: {t:?}");
+        let words = t.iter().flat_map(|x| x.split_whitespace()).count();
+        let prose = t.iter().flat_map(|x| x.split_whitespace()).filter(|w| PROSE.contains(*w)).count();
+        let share = prose as f64 / words as f64;
+        assert!((0.15..0.5).contains(&share), "about 30% prose words: {share}");
+        assert!(SimConfig { quality: Some(1.5), ..Default::default() }.validate().is_err());
     }
 }
