@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: install test dependencies, check formatting and lints,
-# then unit tests and black-box tests over real sockets (real Prometheus and a real LLM server
-# included).
+# then unit tests and black-box tests over real sockets (real Prometheus, a real LLM server and
+# headless Chromium included), and the deployment checks (Helm chart, Prometheus rules, dashboards).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +19,9 @@ GOODPUT_MODELS_PYTHON="${GOODPUT_CACHE:-$HOME/.cache/goodput}/venv-models/bin/py
 # The sentence encoder for consistency's embedding method (all-MiniLM-L6-v2 → ONNX).
 GOODPUT_EMBED_DIR="$(scripts/setup-embeddings.sh | tail -1)"
 export GOODPUT_MODEL_DIR ORT_DYLIB_PATH GOODPUT_MODELS_PYTHON GOODPUT_EMBED_DIR
+# Helm's library and kubernetes-validate for the chart checks (tests/deploy.rs).
+GOODPUT_DEPLOY_PYTHON="$(scripts/setup-deploy-check.sh | tail -1)"
+export GOODPUT_DEPLOY_PYTHON
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release --tests

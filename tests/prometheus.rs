@@ -3,67 +3,9 @@
 
 mod common;
 
+use common::prom::*;
 use common::*;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-struct Prom(Child, std::path::PathBuf);
-
-impl Drop for Prom {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-        let _ = std::fs::remove_dir_all(&self.1);
-    }
-}
-
-fn start_prometheus(target: std::net::SocketAddr) -> (Prom, u16) {
-    let bin = std::env::var("PROMETHEUS_BIN").unwrap_or_else(|_| "prometheus".into());
-    let dir = temp_dir("prom");
-    let cfg = dir.join("prometheus.yml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\nscrape_configs:\n  - job_name: goodput\n    static_configs:\n      - targets: ['{target}']\n"
-        ),
-    )
-    .unwrap();
-    let port = free_port();
-    let child = Command::new(&bin)
-        .arg(format!("--config.file={}", cfg.display()))
-        .arg(format!("--storage.tsdb.path={}", dir.join("data").display()))
-        .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!("cannot start `{bin}` ({e}): run scripts/setup-test-deps.sh to install Prometheus")
-        });
-    (Prom(child, dir), port)
-}
-
-async fn query(port: u16, q: &str) -> serde_json::Value {
-    let path = format!("/api/v1/query?query={}", urlencode(q));
-    let r = send(
-        format!("127.0.0.1:{port}").parse().unwrap(),
-        http::Request::get(path).body(Default::default()).unwrap(),
-    )
-    .await;
-    r.json()
-}
-
-fn urlencode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-fn scalar(v: &serde_json::Value) -> Option<f64> {
-    v["data"]["result"].as_array()?.first()?["value"][1].as_str()?.parse().ok()
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_ttft_and_goodput() {
@@ -71,7 +13,7 @@ async fn prometheus_scrapes_ttft_and_goodput() {
     let gp = Goodput::start(&format!(
         "backends:\n  - name: sim\n    url: http://{sim_addr}\n    models: [sim-model]\nslo:\n  ttft_ms: 100\n"
     ));
-    let (_prom, port) = start_prometheus(gp.admin);
+    let (_prom, port) = start_prometheus(gp.admin, &[]);
 
     // Traffic for a few scrape intervals.
     let body = r#"{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hello"}]}"#;
@@ -124,7 +66,7 @@ routes:
   - {name: to-sluggish, match: {headers: {x-to: sluggish}}, backends: [sluggish]}
 "#,
     );
-    let (_prom, port) = start_prometheus(a.admin);
+    let (_prom, port) = start_prometheus(a.admin, &[]);
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     // Steady traffic through A while B reads (rate() and increase() need it ongoing).
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));

@@ -427,7 +427,7 @@ struct Plan {
     reset_at: Option<usize>,
 }
 
-fn plan(sim: &Sim, cfg: &SimConfig, body: &Value, prompt_hash: u64) -> Plan {
+fn plan(nth: u64, cfg: &SimConfig, body: &Value, prompt_hash: u64) -> Plan {
     let n = body.get("n").and_then(Value::as_u64).unwrap_or(1).clamp(1, 16) as usize;
     let max_tokens = body
         .get("max_completion_tokens")
@@ -436,7 +436,6 @@ fn plan(sim: &Sim, cfg: &SimConfig, body: &Value, prompt_hash: u64) -> Plan {
         .map(|m| m.max(1) as usize);
     let temperature = body.get("temperature").and_then(Value::as_f64).unwrap_or(1.0);
     let req_seed = body.get("seed").and_then(Value::as_u64).unwrap_or(0);
-    let nth = sim.counter.fetch_add(1, Ordering::Relaxed);
     // Greedy requests get the same text for the same prompt; sampled ones vary per request.
     let text_seed = cfg.seed
         ^ prompt_hash
@@ -523,7 +522,9 @@ fn now_unix() -> u64 {
 
 async fn generate(sim: &Arc<Sim>, cfg: &SimConfig, chat: bool, body: &Value) -> Response<SimBody> {
     sim.requests.inc();
-    let nth = sim.counter.load(Ordering::Relaxed);
+    // Every request draws its own number, errors included (an error that did not advance it
+    // would repeat for every request after it).
+    let nth = sim.counter.fetch_add(1, Ordering::Relaxed);
     let mut err_rng = StdRng::seed_from_u64(cfg.seed.wrapping_add(nth).wrapping_mul(31));
     if cfg.error_rate > 0.0 && err_rng.random_bool(cfg.error_rate) {
         sim.errors.inc();
@@ -533,7 +534,7 @@ async fn generate(sim: &Arc<Sim>, cfg: &SimConfig, chat: bool, body: &Value) -> 
         );
     }
     let (prompt_tokens, prompt_hash) = prompt_words(body, chat);
-    let plan = plan(sim, cfg, body, prompt_hash);
+    let plan = plan(nth, cfg, body, prompt_hash);
     let model = body.get("model").and_then(Value::as_str).unwrap_or(&cfg.model).to_string();
     let stream = body.get("stream").and_then(Value::as_bool).unwrap_or(false);
     let include_usage =
@@ -728,9 +729,22 @@ mod tests {
     use super::*;
 
     fn texts(cfg: &SimConfig, n: usize) -> Vec<String> {
-        let sim = Sim::new(cfg.clone());
         let body = json!({"messages": [{"role": "user", "content": "tell me"}], "temperature": 1.0});
-        (0..n).map(|_| plan(&sim, cfg, &body, 7).choices[0].concat()).collect()
+        (0..n as u64).map(|nth| plan(nth, cfg, &body, 7).choices[0].concat()).collect()
+    }
+
+    #[tokio::test]
+    async fn an_injected_error_does_not_repeat_for_every_request_after_it() {
+        let sim = Sim::new(SimConfig { error_rate: 0.3, ttft_ms: 0.0, tpot_ms: 0.0, ..Default::default() });
+        let body = json!({"messages": [{"role": "user", "content": "x"}]});
+        let mut errors = 0;
+        for _ in 0..200 {
+            let cfg = sim.config();
+            errors += u32::from(
+                generate(&sim, &cfg, true, &body).await.status() == StatusCode::INTERNAL_SERVER_ERROR,
+            );
+        }
+        assert!((30..90).contains(&errors), "about 30% of 200: {errors}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod llama;
+pub mod prom;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};

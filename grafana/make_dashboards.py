@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""Write goodput's Grafana dashboards (grafana/dashboards/*.json) from one description.
+
+    python3 grafana/make_dashboards.py [OUT_DIR]
+
+Every dashboard has a datasource variable and backend and model variables; every panel's PromQL
+uses them. tests/dashboards.rs evaluates every expression against a real Prometheus that scraped
+a running goodput under load (scoring and routing on): each must parse and return data. Sparse
+error counters end in `or vector(0)`, so that a healthy system shows 0 rather than "No data".
+"""
+import json
+import os
+
+SEL = 'backend=~"$backend",gen_ai_request_model=~"$model"'
+RI = "$__rate_interval"
+
+
+def variables():
+    def query_var(name, label, metric, label_name):
+        return {
+            "name": name,
+            "label": label,
+            "type": "query",
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "query": {"query": f"label_values({metric}, {label_name})", "refId": "var"},
+            "definition": f"label_values({metric}, {label_name})",
+            "includeAll": True,
+            "multi": True,
+            "allValue": ".*",
+            "current": {"text": "All", "value": "$__all"},
+            "refresh": 2,
+            "sort": 1,
+        }
+
+    return [
+        {
+            "name": "datasource",
+            "label": "Prometheus",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "refresh": 1,
+        },
+        query_var("backend", "backend", "goodput_requests_total", "backend"),
+        query_var("model", "model", "goodput_requests_total", "gen_ai_request_model"),
+    ]
+
+
+class Board:
+    def __init__(self, uid, title, description):
+        self.uid, self.title, self.description = uid, title, description
+        self.panels = []
+        self.x = self.y = 0
+
+    def panel(self, title, targets, unit="short", kind="timeseries", w=12, h=8, description="", extra=None):
+        if self.x + w > 24:
+            self.x, self.y = 0, self.y + h
+        p = {
+            "id": len(self.panels) + 1,
+            "type": kind,
+            "title": title,
+            "description": description,
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "gridPos": {"x": self.x, "y": self.y, "w": w, "h": h},
+            "fieldConfig": {"defaults": {"unit": unit}, "overrides": []},
+            "options": {"legend": {"displayMode": "list", "placement": "bottom"}, "tooltip": {"mode": "multi"}},
+            "targets": [
+                {
+                    "refId": chr(ord("A") + i),
+                    "datasource": {"type": "prometheus", "uid": "${datasource}"},
+                    "expr": expr,
+                    "legendFormat": legend,
+                }
+                for i, (expr, legend) in enumerate(targets)
+            ],
+        }
+        if kind == "heatmap":
+            p["targets"][0]["format"] = "heatmap"
+            p["options"] = {"calculate": False, "yAxis": {"unit": unit}}
+        if extra:
+            p.update(extra)
+        self.panels.append(p)
+        self.x += w
+        return p
+
+    def write(self, path):
+        d = {
+            "uid": self.uid,
+            "title": self.title,
+            "description": self.description,
+            "tags": ["goodput", "llm"],
+            "schemaVersion": 39,
+            "version": 1,
+            "editable": True,
+            "time": {"from": "now-1h", "to": "now"},
+            "refresh": "30s",
+            "timezone": "browser",
+            "templating": {"list": variables()},
+            "annotations": {"list": []},
+            "panels": self.panels,
+        }
+        with open(path, "w") as f:
+            json.dump(d, f, indent=2)
+            f.write("\n")
+
+
+def quantiles(metric, by="backend", extra=""):
+    sel = SEL + extra
+    return [
+        (f"histogram_quantile({q}, sum by ({by}, le) (rate({metric}_bucket{{{sel}}}[{RI}])))", f"p{int(q * 100)} {{{{{by}}}}}")
+        for q in (0.5, 0.95, 0.99)
+    ]
+
+
+def overview():
+    b = Board("goodput-overview", "goodput / Overview", "Traffic, latency, throughput and latency goodput per backend.")
+    b.panel("Requests/s by outcome", [(f"sum by (backend, outcome) (rate(goodput_requests_total{{{SEL}}}[{RI}]))", "{{backend}} {{outcome}}")], "reqps")
+    b.panel(
+        "Errors/s (upstream errors, timeouts, resets)",
+        [(f'sum by (backend) (rate(goodput_requests_total{{{SEL},outcome=~"upstream_error|upstream_reset|connect_error|timeout"}}[{RI}])) or vector(0)', "{{backend}}")],
+        "reqps",
+    )
+    b.panel("Time to first token (streams)", quantiles("gen_ai_server_time_to_first_token_seconds"), "s")
+    b.panel("Time per output token", quantiles("gen_ai_server_time_per_output_token_seconds"), "s")
+    b.panel("End-to-end latency", quantiles("gen_ai_server_request_duration_seconds", extra=',outcome="ok"'), "s")
+    b.panel(
+        "Output tokens/s: throughput and latency goodput",
+        [
+            (f'sum by (backend) (rate(goodput_tokens_total{{{SEL},type="output"}}[{RI}]))', "throughput {{backend}}"),
+            (f"sum by (backend) (rate(goodput_slo_met_output_tokens_total{{{SEL}}}[{RI}]))", "goodput {{backend}}"),
+        ],
+        "short",
+        description="Goodput: output tokens/s of requests that met every latency SLO of their class.",
+    )
+    b.panel(
+        "SLO attainment",
+        [(f"sum by (backend) (rate(goodput_slo_met_requests_total{{{SEL}}}[{RI}])) / sum by (backend) (rate(goodput_slo_judged_requests_total{{{SEL}}}[{RI}]))", "{{backend}}")],
+        "percentunit",
+        description="Share of judged requests (all but client cancellations) that met every SLO.",
+    )
+    b.panel(
+        "Goodput / throughput (recorded, 5m)",
+        [('goodput:goodput_to_throughput:ratio_rate5m{backend=~"$backend"}', "{{backend}} {{route}}")],
+        "percentunit",
+    )
+    b.panel(
+        "SLO error budget burn (1h, objective 99%)",
+        [("goodput:slo_errors:ratio_rate1h / 0.01", "{{route}}")],
+        "short",
+        description="1 = burning the budget exactly as fast as a 99% objective allows; the fast-burn alert pages at 14.4.",
+    )
+    b.panel(
+        "goodput's own overhead",
+        [(f"histogram_quantile({q}, sum by (le) (rate(goodput_proxy_overhead_seconds_bucket[{RI}])))", f"p{int(q * 100)}") for q in (0.5, 0.99)],
+        "s",
+    )
+    b.panel("Requests in flight", [('sum by (backend) (goodput_in_flight_requests{backend=~"$backend"})', "{{backend}}")], "short")
+    b.panel(
+        "Tokens/s by source of the count",
+        [(f"sum by (type, source) (rate(goodput_tokens_total{{{SEL}}}[{RI}]))", "{{type}} {{source}}")],
+        "short",
+    )
+    return b
+
+
+def quality():
+    b = Board("goodput-quality", "goodput / Quality", "Perplexity and consistency of the scored sample, scorer health, quality-weighted goodput.")
+    b.panel("Perplexity of scored responses", quantiles("goodput_response_perplexity")[:2], "short")
+    b.panel(
+        "Perplexity distribution",
+        [(f"sum by (le) (rate(goodput_response_perplexity_bucket{{{SEL}}}[{RI}]))", "{{le}}")],
+        "short",
+        kind="heatmap",
+    )
+    b.panel(
+        "Hallucination rate (consistency checks, recorded 1h)",
+        [('goodput:hallucination:ratio_rate1h{backend=~"$backend"}', "{{backend}} {{route}}")],
+        "percentunit",
+    )
+    b.panel(
+        "Consistency score distribution",
+        [(f"sum by (le) (rate(goodput_consistency_score_bucket{{{SEL}}}[{RI}]))", "{{le}}")],
+        "short",
+        kind="heatmap",
+    )
+    b.panel(
+        "Share of responses scored",
+        [
+            (f'sum by (backend) (rate(goodput_scored_responses_total{{{SEL}}}[{RI}])) / sum by (backend) (rate(goodput_requests_total{{{SEL},outcome="ok"}}[{RI}]))', "perplexity {{backend}}"),
+            (f'sum by (backend) (rate(goodput_consistency_checked_total{{{SEL}}}[{RI}])) / sum by (backend) (rate(goodput_requests_total{{{SEL},outcome="ok"}}[{RI}]))', "consistency {{backend}}"),
+        ],
+        "percentunit",
+    )
+    b.panel(
+        "Scorer: drops, failures and queue",
+        [
+            (f"sum by (reason) (rate(goodput_scoring_dropped_total[{RI}])) or vector(0)", "dropped {{reason}}"),
+            (f"sum(rate(goodput_scoring_failed_total[{RI}])) or vector(0)", "failed"),
+            ("goodput_scoring_queue_depth", "queue depth"),
+        ],
+        "short",
+    )
+    b.panel(
+        "Scoring time per response",
+        [(f"histogram_quantile({q}, sum by (le) (rate(goodput_scoring_duration_seconds_bucket[{RI}])))", f"p{int(q * 100)}") for q in (0.5, 0.95)],
+        "s",
+    )
+    b.panel(
+        "Quality-weighted goodput (95% Wilson interval)",
+        [('goodput_window_goodput_tokens_per_second{scope="backend",name=~"$backend"}', "{{name}} {{weighting}}")],
+        "short",
+        description="Latency goodput x the pass rate of the quality judgements; lower and upper carry the pass rate's interval.",
+    )
+    b.panel(
+        "Quality pass rate",
+        [('goodput_window_quality_pass_rate{scope="backend",name=~"$backend"}', "{{name}} {{bound}}")],
+        "percentunit",
+    )
+    b.panel(
+        "The seed's indexes",
+        [('goodput_window_index{scope="backend",name=~"$backend"}', "{{name}} {{index}}")],
+        "short",
+        description="effective_tps = tokens/s x (1 - hallucination rate); tput_per_ppl; tput_per_ppl_price.",
+    )
+    b.panel(
+        "Shadow re-sampling cost (tokens/s)",
+        [(f'sum by (backend, kind) (rate(goodput_shadow_tokens_total{{backend=~"$backend"}}[{RI}]))', "{{backend}} {{kind}}")],
+        "short",
+    )
+    return b
+
+
+def routing():
+    b = Board("goodput-routing", "goodput / Routing", "Routing decisions by reason, compliance and goodput per backend and class.")
+    b.panel(
+        "Decisions/s by reason",
+        [(f'sum by (reason) (rate(goodput_route_decisions_total{{backend=~"$backend"}}[{RI}]))', "{{reason}}")],
+        "reqps",
+    )
+    b.panel(
+        "Decisions/s by route and backend",
+        [(f'sum by (route, backend) (rate(goodput_route_decisions_total{{backend=~"$backend"}}[{RI}]))', "{{route}} → {{backend}}")],
+        "reqps",
+    )
+    b.panel(
+        "Share of decisions with no compliant backend (sla_unmet)",
+        [(f'(sum(rate(goodput_route_decisions_total{{reason="sla_unmet"}}[{RI}])) or vector(0)) / sum(rate(goodput_route_decisions_total[{RI}]))', "sla_unmet")],
+        "percentunit",
+    )
+    b.panel(
+        "SLO attainment per backend and route",
+        [('goodput:slo_attainment:ratio_rate5m{backend=~"$backend"}', "{{backend}} {{route}}")],
+        "percentunit",
+    )
+    b.panel(
+        "TTFT p95 per backend (what compliance reads)",
+        quantiles("gen_ai_server_time_to_first_token_seconds")[1:2],
+        "s",
+    )
+    b.panel(
+        "Circuit breakers and load",
+        [
+            ('max by (backend) (goodput_backend_circuit_state{backend=~"$backend",state!="closed"})', "{{backend}} not closed"),
+            ('goodput_backend_outstanding_requests{backend=~"$backend"}', "{{backend}} outstanding"),
+        ],
+        "short",
+    )
+    b.panel(
+        "Goodput per class (latency and quality-weighted)",
+        [('goodput_window_goodput_tokens_per_second{scope="class"}', "{{name}} {{weighting}}")],
+        "short",
+    )
+    b.panel(
+        "Goodput per backend (latency and quality-weighted)",
+        [('goodput_window_goodput_tokens_per_second{scope="backend",name=~"$backend"}', "{{name}} {{weighting}}")],
+        "short",
+    )
+    b.panel(
+        "Failovers and upstream errors",
+        [
+            (f'sum by (backend) (rate(goodput_route_decisions_total{{reason="failover"}}[{RI}])) or vector(0)', "failover to {{backend}}"),
+            (f'sum by (backend, kind) (rate(goodput_upstream_errors_total{{backend=~"$backend"}}[{RI}])) or vector(0)', "{{backend}} {{kind}}"),
+        ],
+        "reqps",
+    )
+    return b
+
+
+if __name__ == "__main__":
+    import sys
+
+    out = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "dashboards")
+    os.makedirs(out, exist_ok=True)
+    for board, name in ((overview(), "overview"), (quality(), "quality"), (routing(), "routing")):
+        board.write(os.path.join(out, f"goodput-{name}.json"))
+        print(f"{out}/goodput-{name}.json: {len(board.panels)} panels")

@@ -1,0 +1,143 @@
+{{- define "goodput.name" -}}
+{{- .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "goodput.fullname" -}}
+{{- if contains .Chart.Name .Release.Name -}}
+{{- .Release.Name | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "goodput.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "goodput.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end -}}
+
+{{- define "goodput.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "goodput.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: {{ .Values.mode }}
+{{- end -}}
+
+{{- define "goodput.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
+
+{{- define "goodput.servedModel" -}}
+{{- default .Values.vllm.model .Values.vllm.servedModelName -}}
+{{- end -}}
+
+{{/* goodput's config: generated listeners, backends and scorer, with goodput.config over them. */}}
+{{- define "goodput.config" -}}
+{{- $cfg := dict "listen" (printf "0.0.0.0:%v" .Values.goodput.port) "admin_listen" (printf "0.0.0.0:%v" .Values.goodput.adminPort) -}}
+{{- if eq .Values.mode "sidecar" -}}
+{{- $_ := set $cfg "backends" (list (dict "name" "vllm" "url" (printf "http://127.0.0.1:%v" .Values.vllm.port) "models" (list (include "goodput.servedModel" .)))) -}}
+{{- else -}}
+{{- $_ := set $cfg "backends" .Values.router.backends -}}
+{{- end -}}
+{{- if .Values.scorer.enabled -}}
+{{- $ppl := dict "model_dir" (printf "/models/%s" .Values.scorer.model.dir) "device" (ternary "cuda:0" "cpu" .Values.scorer.gpu) "threads" .Values.scorer.threads "intra_op_threads" .Values.scorer.intraOpThreads -}}
+{{- $_ := set $cfg "quality" (dict "sample_rate" .Values.scorer.sampleRate "perplexity" $ppl) -}}
+{{- end -}}
+{{- $cfg = mustMergeOverwrite $cfg (deepCopy .Values.goodput.config) -}}
+{{- toYaml $cfg -}}
+{{- end -}}
+
+{{/* The goodput container, shared by both modes. */}}
+{{- define "goodput.container" -}}
+- name: goodput
+  image: {{ include "goodput.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: ["serve", "--config", "/etc/goodput/goodput.yaml"]
+  env:
+    - name: RUST_LOG
+      value: {{ .Values.goodput.logLevel | quote }}
+  ports:
+    - {name: http, containerPort: {{ .Values.goodput.port }}, protocol: TCP}
+    - {name: admin, containerPort: {{ .Values.goodput.adminPort }}, protocol: TCP}
+  livenessProbe:
+    httpGet: {path: /healthz, port: admin}
+    periodSeconds: 10
+    failureThreshold: 3
+  readinessProbe:
+    httpGet: {path: /readyz, port: admin}
+    periodSeconds: 5
+    failureThreshold: 2
+  resources:
+    {{- $res := .Values.goodput.resources }}
+    {{- if .Values.scorer.enabled }}{{ $res = .Values.scorer.resources }}{{ end }}
+    {{- if and .Values.scorer.enabled .Values.scorer.gpu }}
+    {{- $res = mustMergeOverwrite (deepCopy $res) (dict "limits" (dict "nvidia.com/gpu" 1)) }}
+    {{- end }}
+    {{- toYaml $res | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+  volumeMounts:
+    - {name: config, mountPath: /etc/goodput, readOnly: true}
+    - {name: tmp, mountPath: /tmp}
+    {{- if .Values.scorer.enabled }}
+    - {name: models, mountPath: /models, readOnly: true}
+    {{- end }}
+{{- end -}}
+
+{{/* Volumes and the model init container, shared by both modes. */}}
+{{- define "goodput.volumes" -}}
+- name: config
+  configMap:
+    name: {{ include "goodput.fullname" . }}
+- name: tmp
+  emptyDir: {sizeLimit: 64Mi}
+{{- if .Values.scorer.enabled }}
+{{- if eq .Values.scorer.model.source "pvc" }}
+- name: models
+  persistentVolumeClaim:
+    claimName: {{ required "scorer.model.pvc.claimName is required with scorer.model.source=pvc" .Values.scorer.model.pvc.claimName }}
+    readOnly: true
+{{- else }}
+- name: models
+  emptyDir: {sizeLimit: 2Gi}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "goodput.initContainers" -}}
+{{- if and .Values.scorer.enabled (eq .Values.scorer.model.source "initContainer") }}
+initContainers:
+  - name: scorer-model
+    image: {{ printf "%s:%s" .Values.scorer.model.image.repository (default .Chart.AppVersion .Values.scorer.model.image.tag) }}
+    imagePullPolicy: {{ .Values.image.pullPolicy }}
+    command: ["cp", "-r", "/models/.", "/target/"]
+    securityContext:
+      {{- toYaml .Values.securityContext | nindent 6 }}
+    resources:
+      requests: {cpu: 100m, memory: 64Mi}
+      limits: {cpu: 500m, memory: 256Mi}
+    volumeMounts:
+      - {name: models, mountPath: /target}
+{{- end }}
+{{- end -}}
+
+{{- define "goodput.podExtras" -}}
+{{- with .Values.imagePullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""Render and lint helm/goodput in both modes with several value sets (Helm's own library,
+PyPI helm-python-sdk: no helm binary), then validate every rendered object with
+`kubernetes-validate --strict`, and check what the chart promises: goodput's config parses
+(`goodput check-config`), vLLM listens on localhost only in sidecar mode, the containers run
+as non-root with a read-only root filesystem, the config is mounted as a directory (so it
+reloads), and the PrometheusRule carries files/goodput-rules.yaml.
+
+    python scripts/check-chart.py GOODPUT_BIN OUT_DIR      (scripts/setup-deploy-check.sh
+                                                            prints the python to use)
+
+Custom resources (ServiceMonitor, PrometheusRule) have no schema in kubernetes-validate: they
+are checked against the Prometheus Operator's required fields here instead.
+"""
+import os
+import subprocess
+import sys
+
+import helm_python
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHART = os.path.join(ROOT, "helm", "goodput")
+
+VALUE_SETS = {
+    "sidecar-default": {},
+    "sidecar-scorer-monitoring": {
+        "scorer": {"enabled": True, "sampleRate": 0.05},
+        "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+        "prometheusRule": {"enabled": True},
+        "vllm": {"model": "HuggingFaceTB/SmolLM2-1.7B-Instruct", "servedModelName": "smol", "extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching"]},
+        "goodput": {"config": {"quality": {"consistency": {"sample_rate": 0.01, "methods": ["unigram"]}}}},
+    },
+    "sidecar-gpu-scorer-pvc": {
+        "scorer": {"enabled": True, "gpu": True, "model": {"source": "pvc", "pvc": {"claimName": "goodput-models"}}},
+        "image": {"tag": "0.1.0-cuda"},
+    },
+    "router-default": {"mode": "router"},
+    "router-three-backends": {
+        "mode": "router",
+        "replicaCount": 3,
+        "router": {
+            "backends": [
+                {"name": "h100-70b", "url": "http://vllm-70b.llm:8000", "models": ["llama-70b"], "price": {"input_per_1m": 0.6, "output_per_1m": 1.8}, "max_concurrency": 256},
+                {"name": "l4-8b", "url": "http://vllm-8b.llm:8000", "models": ["llama-8b"], "price": {"input_per_1m": 0.05, "output_per_1m": 0.15}},
+                {"name": "a10-8b", "url": "http://vllm-8b-a10.llm:8000", "models": ["llama-8b"], "price": {"input_per_1m": 0.08, "output_per_1m": 0.2}},
+            ]
+        },
+        "goodput": {
+            "config": {
+                "classes": {
+                    "interactive": {"ttft_p95_ms": 300, "tpot_p95_ms": 40, "objective": "cheapest"},
+                    "batch": {"e2e_p95_ms": 60000, "objective": "best-value"},
+                },
+                "routes": [{"name": "chat", "match": {"headers": {"x-tenant": "app"}}, "class": "interactive", "rewrite_model": True}],
+                "routing": {"default_class": "batch", "exploration": 0.03, "stats": {"source": "prometheus", "prometheus_url": "http://prometheus.monitoring:9090"}},
+            }
+        },
+        "serviceMonitor": {"enabled": True},
+        "prometheusRule": {"enabled": True},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+    },
+}
+
+
+def fail(msg):
+    print(f"check-chart: FAIL: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def containers(obj):
+    spec = obj["spec"]["template"]["spec"]
+    return {c["name"]: c for c in spec.get("containers", []) + spec.get("initContainers", [])}
+
+
+def check_objects(name, objs, values, goodput_bin, out):
+    kinds = {o["kind"] for o in objs}
+    for k in ("ConfigMap", "Deployment", "Service"):
+        if k not in kinds:
+            fail(f"{name}: no {k}")
+    cm = next(o for o in objs if o["kind"] == "ConfigMap")
+    cfg_path = os.path.join(out, f"{name}.goodput.yaml")
+    with open(cfg_path, "w") as f:
+        f.write(cm["data"]["goodput.yaml"])
+    # The generated config must be one goodput accepts (model paths exist only in the pod).
+    cfg = yaml.safe_load(cm["data"]["goodput.yaml"])
+    if "quality" in cfg and "perplexity" in cfg["quality"]:
+        cfg["quality"].pop("perplexity")
+    checkable = os.path.join(out, f"{name}.checkable.yaml")
+    with open(checkable, "w") as f:
+        yaml.safe_dump(cfg, f)
+    r = subprocess.run([goodput_bin, "check-config", checkable], capture_output=True, text=True)
+    if r.returncode != 0:
+        fail(f"{name}: goodput rejects the generated config:\n{r.stdout}{r.stderr}")
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    cs = containers(dep)
+    gp = cs["goodput"]
+    sc = gp["securityContext"]
+    if not (sc.get("runAsNonRoot") and sc.get("readOnlyRootFilesystem") and sc.get("allowPrivilegeEscalation") is False):
+        fail(f"{name}: goodput's securityContext is not non-root / read-only: {sc}")
+    mount = next(m for m in gp["volumeMounts"] if m["name"] == "config")
+    if "subPath" in mount:
+        fail(f"{name}: the config is mounted with subPath: a ConfigMap change would never reach the pod")
+    probes = (gp["livenessProbe"]["httpGet"]["path"], gp["readinessProbe"]["httpGet"]["path"])
+    if probes != ("/healthz", "/readyz"):
+        fail(f"{name}: probes {probes}")
+    for k in ("requests", "limits"):
+        if not gp["resources"].get(k):
+            fail(f"{name}: goodput has no resource {k}")
+    mode = values.get("mode", "sidecar")
+    if mode == "sidecar":
+        v = cs.get("vllm") or fail(f"{name}: no vllm container in sidecar mode")
+        host = v["args"][v["args"].index("--host") + 1]
+        if host != "127.0.0.1":
+            fail(f"{name}: vLLM listens on {host}, not localhost only")
+        if cfg["backends"][0]["url"] != "http://127.0.0.1:8000":
+            fail(f"{name}: goodput's backend is {cfg['backends'][0]['url']}")
+        svc = next(o for o in objs if o["kind"] == "Service" and not o["metadata"]["name"].endswith("-admin"))
+        if [p["targetPort"] for p in svc["spec"]["ports"]] != ["http"]:
+            fail(f"{name}: the Service must point at goodput's port only")
+    else:
+        if "vllm" in cs:
+            fail(f"{name}: a vllm container in router mode")
+        if len(cfg["backends"]) != len(values.get("router", {}).get("backends", [1])):
+            fail(f"{name}: backends {cfg['backends']}")
+    scorer = values.get("scorer", {})
+    if scorer.get("enabled"):
+        if "models" not in {m["name"] for m in gp["volumeMounts"]}:
+            fail(f"{name}: scorer enabled but no model volume")
+        dev = yaml.safe_load(cm["data"]["goodput.yaml"])["quality"]["perplexity"]["device"]
+        want = "cuda:0" if scorer.get("gpu") else "cpu"
+        if dev != want or (scorer.get("gpu") and gp["resources"]["limits"].get("nvidia.com/gpu") != 1):
+            fail(f"{name}: scorer device {dev}, resources {gp['resources']}")
+    for o in objs:
+        if o["kind"] == "ServiceMonitor":
+            ep = o["spec"]["endpoints"][0]
+            if ep["port"] != "admin" or ep["path"] != "/metrics" or not o["spec"]["selector"]["matchLabels"]:
+                fail(f"{name}: ServiceMonitor {o['spec']}")
+        if o["kind"] == "PrometheusRule":
+            with open(os.path.join(CHART, "files", "goodput-rules.yaml")) as f:
+                if o["spec"] != yaml.safe_load(f):
+                    fail(f"{name}: the PrometheusRule differs from files/goodput-rules.yaml")
+            if o["apiVersion"] != "monitoring.coreos.com/v1":
+                fail(f"{name}: PrometheusRule apiVersion {o['apiVersion']}")
+    return [o for o in objs if o["apiVersion"] != "monitoring.coreos.com/v1"]
+
+
+def main():
+    goodput_bin, out = sys.argv[1], sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    lint = helm_python.lint(CHART, strict=True)
+    problems = [m for m in lint["messages"] if m["severity"] >= 2] + [{"error": e} for e in lint["errors"]]
+    if problems:
+        fail(f"helm lint --strict: {problems}")
+    print(f"check-chart: helm lint --strict: {len(lint['messages'])} messages, none a warning or error")
+    chart = helm_python.Chart.load(CHART)
+    for name, values in VALUE_SETS.items():
+        lint = helm_python.lint(CHART, values, strict=True)
+        problems = [m for m in lint["messages"] if m["severity"] >= 2] + [{"error": e} for e in lint["errors"]]
+        if problems:
+            fail(f"{name}: helm lint --strict: {problems}")
+        rendered = chart.render(values, name="llm", namespace="llm", is_install=True)
+        objs = []
+        for path, text in sorted(rendered.items()):
+            if path.endswith("NOTES.txt"):
+                if "goodput is deployed" not in text:
+                    fail(f"{name}: NOTES.txt: {text!r}")
+                continue
+            objs += [d for d in yaml.safe_load_all(text) if d]
+        core = check_objects(name, objs, values, goodput_bin, out)
+        manifest = os.path.join(out, f"{name}.yaml")
+        with open(manifest, "w") as f:
+            yaml.safe_dump_all(core, f)
+        kv = os.path.join(os.path.dirname(sys.executable), "kubernetes-validate")
+        r = subprocess.run([kv, "--strict", "-k", "1.33.0", manifest], capture_output=True, text=True)
+        if r.returncode != 0 or "ERROR" in r.stdout or "INVALID" in r.stdout:
+            fail(f"{name}: kubernetes-validate --strict:\n{r.stdout}{r.stderr}")
+        print(f"check-chart: {name}: {len(objs)} objects render, lint, validate ({', '.join(sorted(o['kind'] for o in objs))})")
+    # A bad mode is refused with a clear message.
+    try:
+        chart.render({"mode": "both"}, name="llm", namespace="llm")
+        fail("mode=both rendered")
+    except helm_python.HelmError as e:
+        if "mode must be sidecar or router" not in str(e):
+            fail(f"mode=both: unexpected error {e}")
+    print("check-chart: ok")
+
+
+if __name__ == "__main__":
+    main()

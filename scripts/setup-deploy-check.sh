@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# What the deployment checks need: Helm's own library for Python (PyPI helm-python-sdk; no helm
+# binary) to render and lint the chart, and kubernetes-validate (PyPI; ships the Kubernetes
+# schemas) to validate what it renders. promtool comes with Debian's prometheus package
+# (scripts/setup-test-deps.sh). Idempotent; cached in ${GOODPUT_CACHE:-~/.cache/goodput}.
+# Prints the venv's python as its last line.
+set -euo pipefail
+CACHE="${GOODPUT_CACHE:-$HOME/.cache/goodput}"
+VENV="$CACHE/venv-deploy"
+if ! "$VENV/bin/python" -c "import helm_python, kubernetes_validate, yaml" >/dev/null 2>&1; then
+  echo "setup-deploy-check: installing helm-python-sdk and kubernetes-validate into $VENV" >&2
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install --quiet --upgrade pip
+  "$VENV/bin/pip" install --quiet "helm-python-sdk==0.2.2" "kubernetes-validate==1.37.0" pyyaml
+fi
+echo "$VENV/bin/python"

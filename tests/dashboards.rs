@@ -1,0 +1,156 @@
+//! Every PromQL expression in every Grafana dashboard (grafana/dashboards/*.json), evaluated
+//! against a real Prometheus that scrapes a running goodput under load, with perplexity
+//! scoring (the real ONNX model), consistency checks and routing on, and goodput's recording
+//! rules loaded: each must parse and return a finite value. No empty panel.
+
+mod common;
+
+use common::prom::*;
+use common::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+fn exprs() -> Vec<(String, String, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("grafana/dashboards");
+    let mut out = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    for f in files {
+        let d: serde_json::Value = serde_json::from_slice(&std::fs::read(&f).unwrap()).unwrap();
+        let vars: Vec<&str> =
+            d["templating"]["list"].as_array().unwrap().iter().map(|v| v["name"].as_str().unwrap()).collect();
+        assert!(
+            vars.contains(&"datasource") && vars.contains(&"backend") && vars.contains(&"model"),
+            "{f:?}: {vars:?}"
+        );
+        for p in d["panels"].as_array().unwrap() {
+            assert_eq!(p["datasource"]["uid"], "${datasource}", "{f:?} {}", p["title"]);
+            for t in p["targets"].as_array().unwrap() {
+                out.push((
+                    f.file_name().unwrap().to_string_lossy().into_owned(),
+                    p["title"].as_str().unwrap().to_string(),
+                    t["expr"].as_str().unwrap().to_string(),
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// What Grafana substitutes: every backend and model, and a rate window of ten 1-s scrapes.
+fn grafana(expr: &str) -> String {
+    expr.replace("$__rate_interval", "10s").replace("$backend", ".*").replace("$model", ".*")
+}
+
+fn has_finite(v: &serde_json::Value) -> bool {
+    v["status"] == "success"
+        && v["data"]["result"].as_array().is_some_and(|r| {
+            r.iter().any(|s| {
+                s["value"][1].as_str().and_then(|x| x.parse::<f64>().ok()).is_some_and(f64::is_finite)
+            })
+        })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_dashboard_expression_returns_data() {
+    let get = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| {
+            panic!("{k} is not set: run the suite with scripts/test.sh (it sets up the model)")
+        })
+    };
+    let (dir, ort) = (get("GOODPUT_MODEL_DIR"), get("ORT_DYLIB_PATH"));
+    let gp = Goodput::start(&format!(
+        r#"
+backends:
+  - name: fast
+    models: [m]
+    sim: {{model: m, seed: 1, ttft_ms: 10, tpot_ms: 2, output_tokens: 16, quality: 1.0, error_rate: 0.03}}
+    price: {{input_per_1m: 2.0, output_per_1m: 6.0}}
+  - name: cheap
+    models: [m]
+    sim: {{model: m, seed: 2, ttft_ms: 120, tpot_ms: 2, output_tokens: 16, quality: 0.5}}
+    price: {{input_per_1m: 0.5, output_per_1m: 1.5}}
+slo: {{ttft_ms: 100, tpot_ms: 20, e2e_ms: 2000}}
+classes:
+  interactive: {{ttft_p95_ms: 100, max_perplexity: 200, objective: cheapest}}
+  batch: {{objective: best-value}}
+routes:
+  - {{name: chat, match: {{path_prefix: /v1/chat}}, class: interactive}}
+  - {{name: legacy, match: {{path_prefix: /v1/completions}}, class: batch}}
+routing: {{exploration: 0.1, min_samples: 5, min_quality_samples: 3}}
+quality:
+  sample_rate: 0.3
+  perplexity: {{model_dir: "{dir}", onnxruntime: "{ort}"}}
+  consistency: {{sample_rate: 0.2, samples: 2, methods: [unigram], max_token_share: 1.0, max_concurrent: 2}}
+"#
+    ));
+    let rules =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("helm/goodput/files/goodput-rules.yaml");
+    let (_prom, port) = start_prometheus(gp.admin, &[&rules]);
+
+    // Steady mixed load: streaming and not, chat and legacy completions.
+    let stop = Arc::new(AtomicBool::new(false));
+    let workers: Vec<_> = (0..3)
+        .map(|w| {
+            let (proxy, stop) = (gp.proxy, stop.clone());
+            tokio::spawn(async move {
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    i += 1;
+                    let stream = i.is_multiple_of(2);
+                    let req = if w == 2 {
+                        post_json("/v1/completions", &format!(r#"{{"model":"m","stream":{stream},"prompt":"The city {i}"}}"#))
+                    } else {
+                        post_json(
+                            "/v1/chat/completions",
+                            &format!(r#"{{"model":"m","stream":{stream},"messages":[{{"role":"user","content":"Tell me about the river, {i}."}}]}}"#),
+                        )
+                    };
+                    let _ = send(proxy, req).await;
+                    tokio::time::sleep(Duration::from_millis(40)).await;
+                }
+            })
+        })
+        .collect();
+
+    let all = exprs();
+    assert!(all.len() >= 30, "{} expressions", all.len());
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut missing = all.clone();
+    while !missing.is_empty() && Instant::now() < deadline {
+        let mut still = Vec::new();
+        for (file, title, expr) in missing {
+            let v = query(port, &grafana(&expr)).await;
+            assert_ne!(v["status"], "error", "{file} / {title}: {expr} does not evaluate: {v}");
+            if !has_finite(&v) {
+                still.push((file, title, expr));
+            }
+        }
+        missing = still;
+        if !missing.is_empty() {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+        }
+    }
+    for (_, _, expr) in &missing {
+        eprintln!("without data: {expr}: {}", query(port, &grafana(expr)).await);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert!(missing.is_empty(), "panels without data: {missing:#?}");
+
+    // The dashboards' variables: label_values(goodput_requests_total, backend / model).
+    for label in ["backend", "gen_ai_request_model"] {
+        let path = format!("/api/v1/label/{label}/values?match[]=goodput_requests_total");
+        let r = send(
+            format!("127.0.0.1:{port}").parse().unwrap(),
+            http::Request::get(path).body(Default::default()).unwrap(),
+        )
+        .await
+        .json();
+        assert!(!r["data"].as_array().unwrap().is_empty(), "{label}: {r}");
+    }
+}
