@@ -1,4 +1,4 @@
-//! Command-line interface: `serve`, `sim`, `ppl`, `check-config`.
+//! Command-line interface: `serve`, `sim`, `bench`, `ppl`, `check-config`.
 
 use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
@@ -29,6 +29,9 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run the simulated OpenAI-compatible backend (a test double and demo, not a model).
     Sim(SimArgs),
+    /// Load-test an OpenAI-compatible server (as `vllm bench serve`): latency, throughput,
+    /// goodput, and optionally the outputs' perplexity.
+    Bench(BenchArgs),
     /// Perplexity of text files under a reference LM (as lm-evaluation-harness's wikitext task).
     Ppl(PplArgs),
     /// Validate a config file and print precise errors.
@@ -58,6 +61,72 @@ pub struct ServeArgs {
     /// Tokio worker threads (default: one per CPU). A sidecar usually gets 1 or 2.
     #[arg(long, env = "GOODPUT_WORKERS")]
     pub workers: Option<usize>,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Base URL of the server (or of goodput in front of it), e.g. http://127.0.0.1:8080.
+    #[arg(long)]
+    pub target: String,
+    /// The `model` field sent.
+    #[arg(long, default_value = "default")]
+    pub model: String,
+    /// chat (/v1/chat/completions) or completions (/v1/completions).
+    #[arg(long, default_value = "chat", value_parser = ["chat", "completions"])]
+    pub endpoint: String,
+    /// Requests per second (open loop); omitted: as fast as --concurrency allows.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Gamma shape of the arrivals: 1 = Poisson, < 1 burstier, > 1 more regular.
+    #[arg(long, default_value_t = 1.0)]
+    pub burstiness: f64,
+    /// Requests in flight at most.
+    #[arg(long)]
+    pub concurrency: Option<usize>,
+    #[arg(long, default_value_t = 200)]
+    pub num_requests: usize,
+    /// Prompt length in words (about as many tokens), without --dataset.
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// max_tokens per request (with --dataset: overrides each conversation's answer length).
+    #[arg(long)]
+    pub output_len: Option<u64>,
+    /// A ShareGPT-format JSON file of conversations.
+    #[arg(long)]
+    pub dataset: Option<PathBuf>,
+    /// Non-streaming requests (default: streams, whose TTFT and ITL are measured).
+    #[arg(long)]
+    pub no_stream: bool,
+    /// Send vLLM's ignore_eos, so that every request generates max_tokens.
+    #[arg(long)]
+    pub ignore_eos: bool,
+    /// SLOs for goodput, e.g. --goodput ttft:500 tpot:50 e2el:10000.
+    #[arg(long, num_args = 1..)]
+    pub goodput: Vec<String>,
+    /// Write the result as JSON.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Name of this run in the result (default: the target).
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Score every output's perplexity with this reference model directory (model.onnx +
+    /// tokenizer.json; scripts/setup-models.sh makes one).
+    #[arg(long)]
+    pub score_model: Option<PathBuf>,
+    /// libonnxruntime.so for --score-model (default: ORT_DYLIB_PATH).
+    #[arg(long)]
+    pub onnxruntime: Option<PathBuf>,
+    /// Extra header NAME:VALUE on every request (repeatable), e.g. authorization.
+    #[arg(long = "header")]
+    pub headers: Vec<String>,
+    /// Per-request timeout in seconds.
+    #[arg(long, default_value_t = 600)]
+    pub timeout_secs: u64,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// No progress lines on stderr.
+    #[arg(long)]
+    pub quiet: bool,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -268,6 +337,85 @@ pub async fn sim(args: SimArgs) -> Result<(), String> {
     println!("goodput-sim listening addr={addr}");
     tracing::info!(%addr, "simulated backend serving (a test double, not a model)");
     shutdown_signal().await;
+    Ok(())
+}
+
+pub async fn bench(args: BenchArgs) -> Result<(), String> {
+    use crate::bench::{Plan, Report, SloSpec, Workload};
+    let slo = SloSpec::parse(&args.goodput)?;
+    if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+        return Err("--rate must be > 0".into());
+    }
+    if !(args.burstiness.is_finite() && args.burstiness > 0.0) {
+        return Err("--burstiness must be > 0".into());
+    }
+    let work = match &args.dataset {
+        Some(p) => Workload::sharegpt(p, args.output_len, args.seed)?,
+        None => Workload::fixed(args.num_requests, args.input_len, args.output_len.unwrap_or(128), args.seed),
+    };
+    let mut headers = Vec::new();
+    for h in &args.headers {
+        let (k, v) = h.split_once(':').ok_or_else(|| format!("--header {h}: expected NAME:VALUE"))?;
+        let k =
+            http::HeaderName::from_bytes(k.trim().as_bytes()).map_err(|e| format!("--header {h}: {e}"))?;
+        let v = http::HeaderValue::from_str(v.trim()).map_err(|e| format!("--header {h}: {e}"))?;
+        headers.push((k, v));
+    }
+    let plan = Plan {
+        target: args.target.clone(),
+        chat: args.endpoint == "chat",
+        model: args.model.clone(),
+        stream: !args.no_stream,
+        rate: args.rate,
+        burstiness: args.burstiness,
+        concurrency: args.concurrency.or(if args.rate.is_none() { Some(1) } else { None }),
+        num_requests: args.num_requests,
+        ignore_eos: args.ignore_eos,
+        timeout: Duration::from_secs(args.timeout_secs.max(1)),
+        seed: args.seed,
+        progress: !args.quiet,
+        keep_text: args.score_model.is_some(),
+        headers,
+    };
+    // Load the scorer first: a missing model fails before any load is sent.
+    let scorer = match &args.score_model {
+        None => None,
+        Some(dir) => {
+            let (dir, ort) = (dir.clone(), args.onnxruntime.clone());
+            Some(
+                tokio::task::spawn_blocking(move || {
+                    crate::bench::quality::BenchScorer::load(&dir, ort.as_deref())
+                })
+                .await
+                .map_err(|e| e.to_string())??,
+            )
+        }
+    };
+    let (samples, wall) = crate::bench::run(&plan, &work).await?;
+    let mut report = Report::build(&samples, wall, slo);
+    report.label = args.label.clone().unwrap_or_else(|| args.target.clone());
+    report.target = args.target.clone();
+    report.model = args.model.clone();
+    report.workload = work.source.clone();
+    report.stream = plan.stream;
+    report.rate = plan.rate;
+    report.burstiness = plan.burstiness;
+    report.concurrency = plan.concurrency;
+    if let Some(s) = scorer {
+        report.quality = Some(
+            tokio::task::spawn_blocking(move || s.score(samples, plan.chat))
+                .await
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    print!("{}", report.table());
+    if let Some(p) = &args.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
+        std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if report.completed == 0 {
+        return Err(format!("no request succeeded: {}", report.errors.join("; ")));
+    }
     Ok(())
 }
 

@@ -3,6 +3,7 @@
 //! Read `main.rs` for the wiring, then `proxy` for the path of a request.
 
 pub mod admin;
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod goodput;

@@ -18,6 +18,7 @@ fn main() -> std::process::ExitCode {
         Command::CheckConfig { file } => goodput::cli::check_config(&file),
         Command::Serve(args) => on_runtime(args.workers, goodput::cli::serve(args)),
         Command::Sim(args) => on_runtime(args.workers, goodput::cli::sim(args)),
+        Command::Bench(args) => on_runtime(None, goodput::cli::bench(args)),
         Command::Ppl(args) => goodput::cli::ppl(args),
     };
     match result {

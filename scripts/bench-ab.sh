@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# A/B benchmark of two goodput builds, side by side in one run: the same simulated upstream (no
+# artificial delay), the same open-loop k6 load, direct vs build A vs build B alternated REPS
+# times, so both builds see the same machine noise. Reports medians of the per-run p50/p99 and
+# the added latency over direct, and B's figures as a ratio to A's.
+#
+#   scripts/bench-ab.sh REV_A [REV_B=working tree] [RATES="500 1000"] [DURATION=10s] [REPS=3]
+#
+# REV_A is built in a git worktree under target/ab (its own target directory: the first run
+# compiles every dependency once). Results: target/bench/ab-runs.jsonl and a table on stdout.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REV_A="${1:?usage: scripts/bench-ab.sh REV_A [REV_B]}"
+REV_B="${2:-}"
+RATES="${RATES:-500 1000}"
+DURATION="${DURATION:-10s}"
+REPS="${REPS:-3}"
+TOKENS="${TOKENS:-16}"
+OUT=target/bench
+mkdir -p "$OUT" target/ab
+
+build_rev() { # REV -> path of its release binary
+  local rev="$1" dir="target/ab/src-$1"
+  if [ ! -d "$dir" ]; then git worktree add --detach "$dir" "$rev" >&2; fi
+  (cd "$dir" && cargo build --release --quiet --bin goodput --target-dir ../target >&2)
+  echo "target/ab/target/release/goodput-$rev"
+  cp -f target/ab/target/release/goodput "target/ab/target/release/goodput-$rev"
+}
+
+K6="$(scripts/setup-bench.sh | tail -1)"
+A_BIN="$(build_rev "$REV_A" | tail -1)"
+if [ -n "$REV_B" ]; then B_BIN="$(build_rev "$REV_B" | tail -1)"; else cargo build --release --quiet; B_BIN=target/release/goodput; fi
+BIN=target/release/goodput
+
+# shellcheck source=scripts/bench/lib.sh
+source scripts/bench/lib.sh
+
+start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
+SIM="${LINE##*addr=}"
+BIN="$A_BIN" start_goodput --upstream "http://$SIM"; GP_A="$GP"
+BIN="$B_BIN" start_goodput --upstream "http://$SIM"; GP_B="$GP"
+echo "sim=$SIM a=$GP_A ($REV_A) b=$GP_B (${REV_B:-working tree}) k6=$K6" >&2
+
+results="$OUT/ab-runs.jsonl"
+: > "$results"
+for stream in 0 1; do
+  for rate in $RATES; do
+    for rep in $(seq "$REPS"); do
+      for path in direct a b; do
+        case "$path" in
+          direct) url="http://$SIM/v1/chat/completions" ;;
+          a) url="http://$GP_A/v1/chat/completions" ;;
+          b) url="http://$GP_B/v1/chat/completions" ;;
+        esac
+        r="$(run_k6 "$url" "$rate" "$stream")"
+        echo "{\"stream\":$stream,\"rate\":$rate,\"rep\":$rep,\"path\":\"$path\",\"k6\":$r}" | tee -a "$results" >&2
+      done
+    done
+  done
+done
+
+python3 - "$results" "$REV_A" "${REV_B:-working tree}" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+a, b = sys.argv[2], sys.argv[3]
+print(f"| mode | rate (req/s) | direct p50 / p99 | A ({a}) added p50 / p99 | B ({b}) added p50 / p99 | B/A added p50 | dropped/failed |")
+print("|---|---|---|---|---|---|---|")
+for stream in (0, 1):
+    for rate in sorted({r["rate"] for r in rows}):
+        sel = lambda p: [r["k6"] for r in rows if r["stream"] == stream and r["rate"] == rate and r["path"] == p]
+        med = lambda p, k: statistics.median(x[k] for x in sel(p))
+        d50, d99 = med("direct", "med_ms"), med("direct", "p99_ms")
+        add = lambda p: ((med(p, "med_ms") - d50) * 1000, (med(p, "p99_ms") - d99) * 1000)
+        (a50, a99), (b50, b99) = add("a"), add("b")
+        bad = sum(x["dropped"] + x["failed"] for p in ("a", "b") for x in sel(p))
+        print(f"| {'stream' if stream else 'non-stream'} | {rate} | {d50:.3f} / {d99:.3f} ms | {a50:.0f} µs / {a99:.0f} µs | {b50:.0f} µs / {b99:.0f} µs | {b50 / a50:.2f} | {bad} |")
+PY
