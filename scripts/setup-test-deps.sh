@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Install what the test suite needs beyond Rust: Prometheus (Debian's package; the tests start
-# it on a loopback port) and Chromium (headless, for the admin status page test).
+# it on a loopback port), Chromium (headless, for the admin status page test) and a TrueType
+# font (DejaVu).
 # Idempotent: does nothing when everything is already there.
 set -euo pipefail
 
 need=()
 command -v prometheus >/dev/null 2>&1 || need+=(prometheus)
 command -v curl >/dev/null 2>&1 || need+=(curl)
-command -v chromium >/dev/null 2>&1 || need+=(chromium fonts-dejavu-core)
+command -v chromium >/dev/null 2>&1 || need+=(chromium)
+# A TrueType font: Chromium's page text and goodput bench --plot's labels.
+[ -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ] || need+=(fonts-dejavu-core)
 
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""

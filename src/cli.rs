@@ -66,8 +66,8 @@ pub struct ServeArgs {
 #[derive(Args, Debug, Clone)]
 pub struct BenchArgs {
     /// Base URL of the server (or of goodput in front of it), e.g. http://127.0.0.1:8080.
-    #[arg(long)]
-    pub target: String,
+    #[arg(long, required_unless_present = "results")]
+    pub target: Option<String>,
     /// The `model` field sent.
     #[arg(long, default_value = "default")]
     pub model: String,
@@ -106,9 +106,16 @@ pub struct BenchArgs {
     /// Write the result as JSON.
     #[arg(long)]
     pub json: Option<PathBuf>,
-    /// Name of this run in the result (default: the target).
+    /// Name of this run in the result and plots (default: the target).
     #[arg(long)]
     pub label: Option<String>,
+    /// Draw a PNG: this run's latency CDF; with several --results, throughput against
+    /// perplexity (one point per result; they need --score-model), else their latency CDFs.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Earlier --json results to plot instead of running (repeatable).
+    #[arg(long)]
+    pub results: Vec<PathBuf>,
     /// Score every output's perplexity with this reference model directory (model.onnx +
     /// tokenizer.json; scripts/setup-models.sh makes one).
     #[arg(long)]
@@ -341,7 +348,29 @@ pub async fn sim(args: SimArgs) -> Result<(), String> {
 }
 
 pub async fn bench(args: BenchArgs) -> Result<(), String> {
-    use crate::bench::{Plan, Report, SloSpec, Workload};
+    use crate::bench::{Plan, Report, SloSpec, Workload, plot};
+    if !args.results.is_empty() {
+        let out = args.plot.as_ref().ok_or("--results needs --plot FILE.png")?;
+        let reports = args
+            .results
+            .iter()
+            .map(|p| {
+                let text = std::fs::read_to_string(p).map_err(|e| format!("{}: {e}", p.display()))?;
+                serde_json::from_str::<Report>(&text)
+                    .map_err(|e| format!("{}: not a goodput bench result: {e}", p.display()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let scored =
+            reports.iter().all(|r| r.quality.as_ref().is_some_and(|q| q.perplexity_geomean.is_some()));
+        if reports.len() > 1 && scored {
+            plot::tput_vs_ppl(&reports, out)?
+        } else {
+            plot::latency_cdf(&reports, out)?
+        }
+        println!("plot written to {}", out.display());
+        return Ok(());
+    }
+    let target = args.target.clone().ok_or("--target is required")?;
     let slo = SloSpec::parse(&args.goodput)?;
     if args.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
         return Err("--rate must be > 0".into());
@@ -362,7 +391,7 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
         headers.push((k, v));
     }
     let plan = Plan {
-        target: args.target.clone(),
+        target: target.clone(),
         chat: args.endpoint == "chat",
         model: args.model.clone(),
         stream: !args.no_stream,
@@ -393,8 +422,8 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     };
     let (samples, wall) = crate::bench::run(&plan, &work).await?;
     let mut report = Report::build(&samples, wall, slo);
-    report.label = args.label.clone().unwrap_or_else(|| args.target.clone());
-    report.target = args.target.clone();
+    report.label = args.label.clone().unwrap_or_else(|| target.clone());
+    report.target = target.clone();
     report.model = args.model.clone();
     report.workload = work.source.clone();
     report.stream = plan.stream;
@@ -412,6 +441,9 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
     if let Some(p) = &args.json {
         let text = serde_json::to_string_pretty(&report).map_err(|e| e.to_string())?;
         std::fs::write(p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+    }
+    if let Some(p) = &args.plot {
+        plot::latency_cdf(std::slice::from_ref(&report), p)?;
     }
     if report.completed == 0 {
         return Err(format!("no request succeeded: {}", report.errors.join("; ")));

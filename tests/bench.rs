@@ -145,6 +145,8 @@ async fn outputs_are_scored_for_perplexity() {
     };
     let (dir, ort) = (get("GOODPUT_MODEL_DIR"), get("ORT_DYLIB_PATH"));
     let mut ppl = Vec::new();
+    let dir_out = temp_dir("bench-plot");
+    let mut results = Vec::new();
     for q in [1.0, 0.3] {
         let cfg = goodput::sim::SimConfig {
             quality: Some(q),
@@ -173,6 +175,65 @@ async fn outputs_are_scored_for_perplexity() {
         assert!(text.contains("Perplexity (geometric mean):"), "{text}");
         assert_eq!(r["quality"]["scored"], 8, "{r}");
         ppl.push(f(&r, "/quality/perplexity_geomean"));
+        let file = dir_out.join(format!("q{q}.json"));
+        std::fs::write(&file, r.to_string()).unwrap();
+        results.push(file);
     }
     assert!(ppl[0] < 100.0 && ppl[1] > 300.0, "{ppl:?}");
+
+    // The seed's picture from the two results: a PNG that decodes and has two coloured points.
+    let png = dir_out.join("tput-vs-ppl.png");
+    let out = Command::new(env!("CARGO_BIN_EXE_goodput"))
+        .args(["bench", "--plot", png.to_str().unwrap(), "--results"])
+        .arg(&results[0])
+        .arg("--results")
+        .arg(&results[1])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (w, h, colours, dark) = png_stats(&png);
+    assert_eq!((w, h), (960, 600));
+    assert!(colours >= 2, "two series colours: {colours}");
+    assert!(dark > 2_000, "axes and text drawn: {dark} dark pixels");
+    let _ = std::fs::remove_dir_all(&dir_out);
+}
+
+/// Width, height, distinct saturated colours, and near-black pixels of a PNG.
+fn png_stats(path: &std::path::Path) -> (u32, u32, usize, usize) {
+    let img = image::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display())).to_rgb8();
+    let mut colours = std::collections::HashSet::new();
+    let mut dark = 0;
+    for p in img.pixels() {
+        let [r, g, b] = p.0;
+        let (mx, mn) = (r.max(g).max(b), r.min(g).min(b));
+        if mx < 60 {
+            dark += 1;
+        } else if mx - mn > 80 {
+            colours.insert((r / 32, g / 32, b / 32));
+        }
+    }
+    (img.width(), img.height(), colours.len(), dark)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_draws_its_latency_cdf() {
+    let (addr, _sim) = spawn_sim(10.0, 2.0, 8).await;
+    let dir = temp_dir("bench-cdf");
+    let png = dir.join("cdf.png");
+    let (ok, _, text) = bench(&[
+        "--target",
+        &format!("http://{addr}"),
+        "--rate",
+        "100",
+        "--num-requests",
+        "50",
+        "--quiet",
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    assert!(ok, "{text}");
+    let (w, h, colours, dark) = png_stats(&png);
+    assert_eq!((w, h), (960, 600));
+    assert!(colours >= 1 && dark > 2_000, "a curve, axes and text: {colours} colours, {dark} dark pixels");
+    let _ = std::fs::remove_dir_all(&dir);
 }

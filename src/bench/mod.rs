@@ -6,6 +6,7 @@
 //! Arrivals are open-loop (Poisson, or gamma with `--burstiness`, at `--rate`) or closed-loop
 //! (`--concurrency` clients as fast as they are served); both may be combined, as in vLLM.
 
+pub mod plot;
 pub mod quality;
 pub mod report;
 pub mod workload;
