@@ -26,7 +26,10 @@ const body = JSON.stringify({
   max_tokens: parseInt(__ENV.MAX_TOKENS || '16'),
   messages: [{ role: 'user', content: 'benchmark prompt' }],
 });
-const params = { headers: { 'content-type': 'application/json' } };
+// AUTH: an Authorization header for every path alike (LiteLLM's proxy requires a key).
+const headers = { 'content-type': 'application/json' };
+if (__ENV.AUTH) headers['authorization'] = __ENV.AUTH;
+const params = { headers: headers };
 
 export default function () {
   const r = http.post(__ENV.URL, body, params);
