@@ -140,10 +140,7 @@ async fn failures_are_counted_and_reported() {
 /// noise has a far higher perplexity under the reference model.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outputs_are_scored_for_perplexity() {
-    let get = |k: &str| {
-        std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run the suite with scripts/test.sh"))
-    };
-    let (dir, ort) = (get("GOODPUT_MODEL_DIR"), get("ORT_DYLIB_PATH"));
+    let (dir, ort) = reference_model();
     let mut ppl = Vec::new();
     let dir_out = temp_dir("bench-plot");
     let mut results = Vec::new();

@@ -54,12 +54,7 @@ fn has_finite(v: &serde_json::Value) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_expression_returns_data() {
-    let get = |k: &str| {
-        std::env::var(k).unwrap_or_else(|_| {
-            panic!("{k} is not set: run the suite with scripts/test.sh (it sets up the model)")
-        })
-    };
-    let (dir, ort) = (get("GOODPUT_MODEL_DIR"), get("ORT_DYLIB_PATH"));
+    let (dir, ort) = reference_model();
     let gp = Goodput::start(&format!(
         r#"
 backends:

@@ -319,12 +319,7 @@ routing: {default_class: thrifty, exploration: 0.0, response_headers: true}
 /// is used until its responses are scored, then its measured perplexity keeps the class off it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quality_floor_moves_traffic_off_a_low_quality_backend() {
-    let get = |k: &str| {
-        std::env::var(k).unwrap_or_else(|_| {
-            panic!("{k} is not set: run the suite with scripts/test.sh (it sets up the model)")
-        })
-    };
-    let (dir, ort) = (get("GOODPUT_MODEL_DIR"), get("ORT_DYLIB_PATH"));
+    let (dir, ort) = reference_model();
     let gp = Goodput::start(&format!(
         r#"
 backends:

@@ -253,7 +253,8 @@ impl Proxy {
         // Route, send, and on a connect failure (no byte of the request left) fail over to
         // the next candidate while the body can be sent again.
         let can_failover = replay.is_some() && route.candidates.len() > 1;
-        let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/").to_string();
+        // Borrowed from the client URI for every attempt (no copy per request).
+        let pq = parts.uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
         let timeouts = cfg.timeouts;
         let errors = self.metrics.upstream_errors.clone();
         let mut tried: Vec<usize> = Vec::new();
@@ -267,7 +268,7 @@ impl Proxy {
             let mut uri = String::with_capacity(backend.origin.len() + backend.base_path.len() + pq.len());
             uri.push_str(&backend.origin);
             uri.push_str(&backend.base_path);
-            uri.push_str(&pq);
+            uri.push_str(pq);
             let Ok(uri) = uri.parse::<http::Uri>() else {
                 return error_response(
                     StatusCode::BAD_REQUEST,

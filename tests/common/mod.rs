@@ -105,6 +105,16 @@ impl Goodput {
     }
 }
 
+/// The reference model's directory and ONNX Runtime's library, as scripts/test.sh exports them.
+pub fn reference_model() -> (String, String) {
+    let get = |k: &str| {
+        std::env::var(k).unwrap_or_else(|_| {
+            panic!("{k} is not set: run the suite with scripts/test.sh (it sets up the model)")
+        })
+    };
+    (get("GOODPUT_MODEL_DIR"), get("ORT_DYLIB_PATH"))
+}
+
 /// A loopback port nothing listens on (yet).
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
