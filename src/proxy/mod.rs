@@ -188,15 +188,15 @@ impl Proxy {
             }
             Some(op) => {
                 let t_read = Instant::now();
-                let read = Limited::new(body, limit as usize).collect().await;
+                let read = read_body(body, limit as usize).await;
                 client_time = t_read.elapsed();
                 let bytes = match read {
-                    Ok(c) => c.to_bytes(),
-                    Err(e) => {
-                        if e.is::<http_body_util::LengthLimitError>() {
-                            self.metrics.body_too_large.inc();
-                            return too_large(limit);
-                        }
+                    Ok(b) => b,
+                    Err(BodyRead::TooLarge) => {
+                        self.metrics.body_too_large.inc();
+                        return too_large(limit);
+                    }
+                    Err(BodyRead::Failed) => {
                         return error_response(
                             StatusCode::BAD_REQUEST,
                             "invalid_request_error",
@@ -441,6 +441,52 @@ fn fail_with(
         _ => "upstream_error",
     };
     error_response(status, err_type, kind, &msg)
+}
+
+enum BodyRead {
+    TooLarge,
+    Failed,
+}
+
+/// Read a metered request body whole, within `limit`. Past the limit, keep reading and
+/// discarding what the client is still sending for a short while (nginx's lingering close):
+/// a client that is mid-upload then reads the 413 instead of a connection reset.
+async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, BodyRead> {
+    let mut first: Option<Bytes> = None;
+    let mut more: Option<bytes::BytesMut> = None;
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(|_| BodyRead::Failed)?.into_data() else { continue };
+        len += data.len();
+        if len > limit {
+            let drain = async {
+                let mut discarded = 0usize;
+                while let Some(Ok(f)) = body.frame().await {
+                    discarded += f.data_ref().map_or(0, |d| d.len());
+                    if discarded > 64 * 1024 * 1024 {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+            return Err(BodyRead::TooLarge);
+        }
+        // The usual body is one frame: keep it as it came, copy only from the second on.
+        match (&mut first, &mut more) {
+            (None, _) => first = Some(data),
+            (Some(f), None) => {
+                let mut b = bytes::BytesMut::with_capacity(f.len() + data.len());
+                b.extend_from_slice(f);
+                b.extend_from_slice(&data);
+                more = Some(b);
+            }
+            (Some(_), Some(b)) => b.extend_from_slice(&data),
+        }
+    }
+    Ok(match more {
+        Some(b) => b.freeze(),
+        None => first.unwrap_or_default(),
+    })
 }
 
 fn too_large(limit: u64) -> Response<ProxyBody> {
