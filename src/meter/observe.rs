@@ -46,6 +46,7 @@ pub struct ResponseMeter {
     itl: Option<Histogram>,
     held: Vec<u8>,
     held_start: u64,
+    max_held: usize,
     spans: Vec<(u64, u64)>,
     pub observed: Observed,
 }
@@ -64,9 +65,17 @@ impl ResponseMeter {
             itl,
             held: Vec::new(),
             held_start: 0,
+            max_held: MAX_HELD,
             spans: Vec::new(),
             observed: Observed { texts: collect_text.then(Vec::new), ..Default::default() },
         }
+    }
+
+    /// Bound the bytes held back while looking for the usage chunk (default 64 KiB). The fuzz
+    /// target sets it tiny so that releasing an oversized event is exercised on small inputs.
+    pub fn with_max_held(mut self, bytes: usize) -> Self {
+        self.max_held = bytes;
+        self
     }
 
     /// Whether bytes may be taken out (then the body length is not known in advance).
@@ -159,13 +168,16 @@ impl ResponseMeter {
     fn release(&mut self, frame: Bytes, at_end: bool) -> Option<Bytes> {
         let Mode::Sse(reader) = &self.mode else { return Some(frame) };
         let pos = reader.position();
+        // An event whose head was already released (it outgrew max_held) holds nothing back:
+        // the boundary never goes below what was released.
         let mut boundary = if reader.in_event() && !at_end { reader.event_start() } else { pos };
+        boundary = boundary.max(self.held_start);
         let frame_start = pos - frame.len() as u64;
         if self.held.is_empty() && self.spans.is_empty() && boundary == pos {
             self.held_start = pos;
             return Some(frame);
         }
-        if (self.held.len() + frame.len()) > MAX_HELD {
+        if (self.held.len() + frame.len()) > self.max_held {
             boundary = pos;
         }
         // Logical pending bytes: held ++ frame, covering [held_start, pos).
@@ -317,6 +329,21 @@ mod tests {
             out.extend_from_slice(&b);
         }
         (out, m.observed)
+    }
+
+    /// An event larger than the hold bound, arriving in many frames, while removal is on: its
+    /// head is released, and the frames after it must pass without holding anything back.
+    /// (Found by tests/faults.rs: the boundary went below the released bytes and a capacity
+    /// computation underflowed.)
+    #[test]
+    fn event_larger_than_the_hold_bound_passes_in_pieces() {
+        let big = format!("data: {}\n\n", "x".repeat(200_000));
+        let full = format!("{CHAT}{big}{USAGE}{DONE}");
+        let want = format!("{CHAT}{big}{DONE}");
+        let pieces: Vec<&[u8]> = full.as_bytes().chunks(16 * 1024).collect();
+        let (out, obs) = run(&pieces, true);
+        assert_eq!(out, want.as_bytes());
+        assert_eq!(obs.usage_chunks_removed, 1);
     }
 
     #[test]
