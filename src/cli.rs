@@ -55,6 +55,10 @@ pub struct ServeArgs {
     /// Upstream base URL (replaces the first backend's URL).
     #[arg(long)]
     pub upstream: Option<String>,
+    /// Bearer token for /admin/* (overrides the config's `admin_token`). Prefer the
+    /// environment variable: a command line is visible to every user of the machine.
+    #[arg(long, env = "GOODPUT_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
     /// Seconds to let in-flight requests finish after SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_secs: u64,
@@ -280,6 +284,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         }
         _ => None,
     };
+    // One upstream connector (TLS roots loaded once) for user and shadow requests.
+    let connector = crate::proxy::tls::connector(
+        &cfg.upstream_tls.ca_files,
+        Duration::from_millis(cfg.timeouts.connect_ms),
+    )?;
     let checker = cfg.quality.consistency.clone().map(|c| {
         crate::quality::consistency::Checker::start(
             c,
@@ -287,6 +296,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             metrics.clone(),
             results_tx_c,
             embedder,
+            connector.clone(),
         )
     });
     let sampling = Sampling { perplexity: scorer.is_some(), consistency: checker.is_some() };
@@ -296,11 +306,16 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         results: results_rx,
     });
     let recorder = Recorder::start(handle.clone(), metrics.clone(), quality);
-    let proxy = Proxy::new(handle.clone(), recorder, metrics, sampling);
+    let proxy = Proxy::new(handle.clone(), recorder, metrics, sampling, connector);
     proxy.spawn_readiness_probe();
     crate::route::prom::spawn_refresher(handle.clone(), proxy.clone());
     spawn_reloader(handle.clone());
-    tokio::spawn(crate::admin::serve(admin, proxy.clone()));
+    let token: Option<std::sync::Arc<str>> =
+        args.admin_token.clone().or(cfg.admin_token.clone()).filter(|t| !t.is_empty()).map(Into::into);
+    if token.is_none() && !admin_addr.ip().is_loopback() {
+        tracing::warn!(%admin_addr, "the admin listener is not on loopback and has no admin_token: /admin/* is open to the network");
+    }
+    tokio::spawn(crate::admin::serve(admin, proxy.clone(), token));
     // One machine-readable line so that scripts and tests learn the bound ports.
     println!("goodput listening proxy={proxy_addr} admin={admin_addr}");
     tracing::info!(%proxy_addr, %admin_addr, backends = handle.load().backends.len(), "goodput serving");
@@ -313,8 +328,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             c.cancel();
         }
     };
-    crate::proxy::serve(listener, proxy, shutdown, grace).await;
-    tracing::info!("shut down");
+    crate::proxy::serve(listener, proxy.clone(), shutdown, grace).await;
+    // Every finished request reaches the metrics before the process ends.
+    let flushed = proxy.recorder.flush(Duration::from_secs(2)).await;
+    let totals = proxy.metrics.requests_by_outcome();
+    tracing::info!(flushed, ?totals, "shut down");
     Ok(())
 }
 

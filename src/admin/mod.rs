@@ -34,7 +34,31 @@ fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
     query?.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
 }
 
-pub async fn handle(proxy: &Proxy, req: Request<Incoming>) -> Response<Full<Bytes>> {
+/// /admin/* needs the bearer token when one is set; /metrics and the probes do not
+/// (Prometheus and the kubelet scrape them), nor the /status page, which holds no data and
+/// sends the token from its URL fragment. The comparison takes the same time wherever the
+/// first difference is.
+fn authorized(token: Option<&str>, req: &Request<Incoming>) -> bool {
+    let Some(token) = token else { return true };
+    let path = req.uri().path();
+    if !path.starts_with("/admin/") {
+        return true;
+    }
+    let given = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    given.len() == token.len() && given.bytes().zip(token.bytes()).fold(0u8, |d, (a, b)| d | (a ^ b)) == 0
+}
+
+pub async fn handle(proxy: &Proxy, token: Option<&str>, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    if !authorized(token, &req) {
+        let mut r = respond(StatusCode::UNAUTHORIZED, "text/plain", "a bearer token is required\n");
+        r.headers_mut().insert(header::WWW_AUTHENTICATE, header::HeaderValue::from_static("Bearer"));
+        return r;
+    }
     if req.method() == Method::POST
         && let Some(name) = req.uri().path().strip_prefix("/admin/sim/")
     {
@@ -50,11 +74,14 @@ pub async fn handle(proxy: &Proxy, req: Request<Incoming>) -> Response<Full<Byte
     }
     match req.uri().path() {
         "/metrics" => {
+            proxy.metrics.refresh_process();
             respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", proxy.metrics.encode())
         }
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => {
-            if proxy.is_ready() {
+            if proxy.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining: shutting down\n")
+            } else if proxy.is_ready() {
                 respond(StatusCode::OK, "text/plain", "ready\n")
             } else {
                 respond(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "waiting for the upstream to answer\n")
@@ -225,17 +252,19 @@ async fn sim_patch(proxy: &Proxy, name: &str, req: Request<Incoming>) -> Respons
     }
 }
 
-pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>) {
+pub async fn serve(listener: TcpListener, proxy: Arc<Proxy>, token: Option<Arc<str>>) {
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             continue;
         };
         let proxy = proxy.clone();
+        let token = token.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let proxy = proxy.clone();
-                async move { Ok::<_, Infallible>(handle(&proxy, req).await) }
+                let token = token.clone();
+                async move { Ok::<_, Infallible>(handle(&proxy, token.as_deref(), req).await) }
             });
             let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(stream), svc)

@@ -26,6 +26,10 @@ pub struct Config {
     pub listen: String,
     /// Admin listener: /metrics, /healthz, /readyz, /admin/*. Read at start-up only.
     pub admin_listen: String,
+    /// Bearer token that /admin/* requires (e.g. when admin_listen is not loopback).
+    /// GOODPUT_ADMIN_TOKEN overrides it. /metrics, /healthz and /readyz stay open for
+    /// Prometheus and the kubelet. Read at start-up only; redacted in /admin/config.
+    pub admin_token: Option<String>,
     pub backends: Vec<Backend>,
     pub timeouts: Timeouts,
     pub limits: Limits,
@@ -38,6 +42,16 @@ pub struct Config {
     pub classes: std::collections::BTreeMap<String, SlaClass>,
     pub routing: RoutingConfig,
     pub quality: QualityConfig,
+    /// TLS to `https://` backends. Read at start-up only.
+    pub upstream_tls: UpstreamTls,
+}
+
+/// `https://` backends are verified against the system's roots and these.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamTls {
+    /// PEM files of extra CAs to trust (e.g. a cluster's own CA).
+    pub ca_files: Vec<PathBuf>,
 }
 
 impl Default for Config {
@@ -45,6 +59,7 @@ impl Default for Config {
         Config {
             listen: "0.0.0.0:8080".into(),
             admin_listen: "127.0.0.1:9464".into(),
+            admin_token: None,
             backends: Vec::new(),
             timeouts: Timeouts::default(),
             limits: Limits::default(),
@@ -55,6 +70,7 @@ impl Default for Config {
             classes: Default::default(),
             routing: RoutingConfig::default(),
             quality: QualityConfig::default(),
+            upstream_tls: UpstreamTls::default(),
         }
     }
 }
@@ -125,11 +141,27 @@ impl Default for Timeouts {
 pub struct Limits {
     /// Largest request body accepted; larger ones get 413.
     pub max_body_bytes: u64,
+    /// Client connections open at once. A connection past it is answered 503 with Retry-After
+    /// and closed, so that a flood cannot exhaust file descriptors. Read at start-up only.
+    pub max_connections: usize,
+    /// Largest request head (request line and headers, HTTP/1.1) or header list (h2); larger
+    /// ones get 431. Read at start-up only.
+    pub max_header_bytes: usize,
+    /// A client must send its whole request head within this time (slowloris). Read at start-up.
+    pub header_read_timeout_ms: u64,
+    /// Retry-After (seconds) on the 503s that limits answer.
+    pub retry_after_secs: u64,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Limits { max_body_bytes: 32 * 1024 * 1024 }
+        Limits {
+            max_body_bytes: 32 * 1024 * 1024,
+            max_connections: 10_000,
+            max_header_bytes: 64 * 1024,
+            header_read_timeout_ms: 30_000,
+            retry_after_secs: 1,
+        }
     }
 }
 
@@ -312,8 +344,22 @@ impl Config {
                 err(format!("timeouts.{field}"), "must be > 0".into());
             }
         }
-        if self.limits.max_body_bytes == 0 {
+        let l = &self.limits;
+        if l.max_body_bytes == 0 {
             err("limits.max_body_bytes".into(), "must be > 0".into());
+        }
+        if l.max_connections == 0 {
+            err("limits.max_connections".into(), "must be > 0".into());
+        }
+        // hyper's HTTP/1.1 read buffer cannot be smaller than 8 KiB.
+        if !(8192..=16 * 1024 * 1024).contains(&l.max_header_bytes) {
+            err("limits.max_header_bytes".into(), "must be between 8192 and 16777216".into());
+        }
+        if l.header_read_timeout_ms == 0 {
+            err("limits.header_read_timeout_ms".into(), "must be > 0".into());
+        }
+        if matches!(&self.admin_token, Some(t) if t.is_empty() || http::HeaderValue::from_str(t).is_err()) {
+            err("admin_token".into(), "must be a non-empty header-safe string".into());
         }
         for (field, v) in
             [("ttft_ms", self.slo.ttft_ms), ("tpot_ms", self.slo.tpot_ms), ("e2e_ms", self.slo.e2e_ms)]
@@ -342,6 +388,9 @@ impl Config {
     /// The config as /admin/config shows it: header values (API keys) redacted.
     pub fn redacted(&self) -> Config {
         let mut c = self.clone();
+        if c.admin_token.is_some() {
+            c.admin_token = Some("<redacted>".into());
+        }
         for b in &mut c.backends {
             for v in b.headers.values_mut() {
                 *v = "<redacted>".into();
@@ -357,8 +406,8 @@ impl Config {
 fn check_upstream_url(u: &str) -> Result<(), String> {
     let uri: http::Uri = u.parse().map_err(|e| format!("`{u}` is not a URL: {e}"))?;
     match uri.scheme_str() {
-        Some("http") => {}
-        Some(s) => return Err(format!("scheme `{s}` is not supported; use http://")),
+        Some("http" | "https") => {}
+        Some(s) => return Err(format!("scheme `{s}` is not supported; use http:// or https://")),
         None => return Err(format!("`{u}` needs a scheme, e.g. http://{u}")),
     }
     if uri.host().is_none() {

@@ -77,6 +77,14 @@ pub struct Metrics {
     pub window_goodput_tokens: GaugeVec,
     pub window_quality_pass_rate: GaugeVec,
     pub window_index: GaugeVec,
+    /// Client connections open now (limits.max_connections bounds it).
+    pub client_connections: prometheus::IntGauge,
+    /// Requests or connections the proxy refused on a limit, by reason.
+    pub rejected: IntCounterVec,
+    /// Read from the process and the runtime at each scrape (the soak test watches them).
+    pub process_resident_memory: prometheus::IntGauge,
+    pub process_open_fds: prometheus::IntGauge,
+    pub runtime_alive_tasks: prometheus::IntGauge,
 }
 
 /// Perplexity buckets: log-spaced, 2^(k/2) from 1 to 2^16 (perplexity is a geometric quantity).
@@ -98,6 +106,12 @@ fn hist(reg: &Registry, name: &str, help: &str, buckets: &[f64], labels: &[&str]
 
 fn gauge(reg: &Registry, name: &str, help: &str, labels: &[&str]) -> GaugeVec {
     let g = GaugeVec::new(Opts::new(name, help), labels).expect("valid gauge");
+    reg.register(Box::new(g.clone())).expect("unique metric");
+    g
+}
+
+fn int_gauge(reg: &Registry, name: &str, help: &str) -> prometheus::IntGauge {
+    let g = prometheus::IntGauge::new(name, help).expect("valid gauge");
     reg.register(Box::new(g.clone())).expect("unique metric");
     g
 }
@@ -390,7 +404,68 @@ impl Metrics {
                 "The seed's indexes over the window: effective_tps = tokens/s x (1 - hallucination rate); tput_per_ppl = tokens/s / perplexity; tput_per_ppl_price = tokens/s / (perplexity x price per 1M tokens).",
                 &["scope", "name", "index"],
             ),
+            client_connections: int_gauge(
+                &reg,
+                "goodput_client_connections",
+                "Client connections open now on the proxy listener (limits.max_connections bounds it).",
+            ),
+            rejected: counter(
+                &reg,
+                "goodput_rejected_total",
+                "Connections or requests refused with 503 + Retry-After on a limit, by reason: max_connections, backend_at_capacity (every candidate at its max_concurrency).",
+                &["reason"],
+            ),
+            process_resident_memory: int_gauge(
+                &reg,
+                "process_resident_memory_bytes",
+                "Resident memory of the goodput process, read from /proc at scrape time.",
+            ),
+            process_open_fds: int_gauge(
+                &reg,
+                "process_open_fds",
+                "Open file descriptors of the goodput process, read from /proc at scrape time.",
+            ),
+            runtime_alive_tasks: int_gauge(
+                &reg,
+                "goodput_runtime_alive_tasks",
+                "Tokio tasks alive at scrape time (connections, streams, background loops): a leak shows as growth.",
+            ),
             registry: reg,
+        }
+    }
+
+    /// goodput_requests_total summed by outcome (logged at shutdown).
+    pub fn requests_by_outcome(&self) -> std::collections::BTreeMap<String, u64> {
+        let mut out = std::collections::BTreeMap::new();
+        for mf in self.registry.gather() {
+            if mf.name() != "goodput_requests_total" {
+                continue;
+            }
+            for m in mf.get_metric() {
+                if let Some(l) = m.get_label().iter().find(|l| l.name() == "outcome") {
+                    *out.entry(l.value().to_string()).or_insert(0) += m.get_counter().get_value() as u64;
+                }
+            }
+        }
+        out
+    }
+
+    /// Refresh the gauges read from the process and the runtime, just before a scrape.
+    pub fn refresh_process(&self) {
+        if let Ok(h) = tokio::runtime::Handle::try_current() {
+            self.runtime_alive_tasks.set(h.metrics().num_alive_tasks() as i64);
+        }
+        if let Ok(d) = std::fs::read_dir("/proc/self/fd") {
+            self.process_open_fds.set(d.count() as i64);
+        }
+        // statm: sizes in pages; the second field is the resident set.
+        if let Some(pages) = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<i64>().ok()))
+        {
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            self.process_resident_memory.set(pages * page.max(1) as i64);
         }
     }
 

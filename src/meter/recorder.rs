@@ -31,6 +31,8 @@ pub struct Shared {
     recent: Mutex<VecDeque<RequestRecord>>,
     /// Records fully processed so far (tests wait on it).
     processed: std::sync::atomic::AtomicU64,
+    /// Records handed to the recorder so far (flush waits until processed catches up).
+    submitted: std::sync::atomic::AtomicU64,
 }
 
 impl Shared {
@@ -67,6 +69,7 @@ impl Recorder {
             classes: ArcSwap::from_pointee(HashMap::new()),
             recent: Mutex::new(VecDeque::new()),
             processed: Default::default(),
+            submitted: Default::default(),
         });
         let s2 = shared.clone();
         let m2 = metrics.clone();
@@ -77,6 +80,20 @@ impl Recorder {
         Recorder { tx, metrics, shared }
     }
 
+    /// Wait (up to `limit`) until every record handed over so far is in the metrics; true
+    /// when it is. Used on shutdown.
+    pub async fn flush(&self, limit: Duration) -> bool {
+        let target = self.shared.submitted.load(std::sync::atomic::Ordering::Acquire);
+        let deadline = Instant::now() + limit;
+        while self.shared.processed() < target {
+            if Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        true
+    }
+
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
     }
@@ -84,7 +101,9 @@ impl Recorder {
     /// Hand a finished record over; never blocks.
     pub fn submit(&self, r: RequestRecord) {
         match self.tx.try_send(r) {
-            Ok(()) => {}
+            Ok(()) => {
+                self.shared.submitted.fetch_add(1, std::sync::atomic::Ordering::Release);
+            }
             Err(TrySendError::Full(_)) | Err(TrySendError::Disconnected(_)) => {
                 self.metrics.records_dropped.inc()
             }

@@ -7,6 +7,7 @@
 
 pub mod body;
 pub mod headers;
+pub mod tls;
 
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, header};
@@ -14,12 +15,11 @@ use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
@@ -41,8 +41,10 @@ pub struct Proxy {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub router: Router,
-    client: Client<HttpConnector, UpstreamBody>,
+    client: Client<tls::Connector, UpstreamBody>,
     ready: AtomicBool,
+    /// Set on SIGTERM: /readyz answers 503 so that load balancers stop sending.
+    pub draining: AtomicBool,
     next_id: AtomicU64,
     /// Which scorers run: sampled requests keep their body and text for them.
     sampling: Sampling,
@@ -71,12 +73,8 @@ impl Proxy {
         recorder: Recorder,
         metrics: Metrics,
         sampling: Sampling,
+        connector: tls::Connector,
     ) -> Arc<Proxy> {
-        let timeouts = config.load().config.timeouts;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_millis(timeouts.connect_ms)));
-        connector.enforce_http(true);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(1024)
@@ -90,13 +88,14 @@ impl Proxy {
             metrics,
             client,
             ready: AtomicBool::new(false),
+            draining: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             sampling,
         })
     }
 
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.ready.load(Ordering::Relaxed) && !self.draining.load(Ordering::Relaxed)
     }
 
     /// Probe the upstream until it answers anything at all; /readyz turns ready then.
@@ -258,11 +257,41 @@ impl Proxy {
         let timeouts = cfg.timeouts;
         let errors = self.metrics.upstream_errors.clone();
         let mut tried: Vec<usize> = Vec::new();
+        let mut full_retries = 0u32;
         let (resp, backend, dispatch, reason) = loop {
             // The statistics snapshot is read per attempt and not held across the await.
             let choice = {
                 let windows = self.recorder.shared.windows.load();
                 self.router.choose(&snap, route, slo_headers, &windows, id, &tried)
+            };
+            // A backend that filled up between the choice and here is chosen again (rare).
+            let dispatch = if choice.at_capacity {
+                None
+            } else {
+                let b = &snap.backends[choice.backend];
+                Dispatch::try_start(&b.state, b.max_concurrency)
+            };
+            let Some(dispatch) = dispatch else {
+                full_retries += 1;
+                if choice.at_capacity || full_retries > 8 {
+                    self.metrics.rejected.with_label_values(&["backend_at_capacity"]).inc();
+                    if let Some((mut record, _, _)) = metering.take() {
+                        record.status = 503;
+                        record.outcome = Outcome::Rejected;
+                        record.e2e = t0.elapsed();
+                        self.recorder.submit(record);
+                    }
+                    let mut r = error_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "overloaded_error",
+                        "backend_at_capacity",
+                        "every backend of this route is at its max_concurrency; retry later",
+                    );
+                    r.headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(cfg.limits.retry_after_secs));
+                    return r;
+                }
+                continue;
             };
             let backend = snap.backends[choice.backend].clone();
             let mut uri = String::with_capacity(backend.origin.len() + backend.base_path.len() + pq.len());
@@ -314,7 +343,6 @@ impl Proxy {
             *upstream_req.uri_mut() = uri;
             *upstream_req.headers_mut() = headers;
             *upstream_req.version_mut() = http::Version::HTTP_11;
-            let dispatch = Dispatch::start(&backend.state);
             let t_send = Instant::now();
             // Time in the proxy before the upstream call; reading the body is the client's time.
             if let Some((record, _, _)) = &mut metering {
@@ -571,14 +599,22 @@ pub async fn serve(
     shutdown: impl std::future::Future<Output = ()>,
     grace: Duration,
 ) {
+    let limits = proxy.config.load().config.limits;
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(Duration::from_secs(30))
-        .max_buf_size(1024 * 1024);
-    builder.http2().timer(TokioTimer::new()).max_concurrent_streams(1024);
+        .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(1024)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let open = Arc::new(AtomicUsize::new(0));
+    let refusing = Arc::new(AtomicUsize::new(0));
+    let metrics = proxy.metrics.clone();
     tokio::pin!(shutdown);
     loop {
         let (stream, remote) = tokio::select! {
@@ -593,7 +629,13 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
+        if open.load(Ordering::Relaxed) >= limits.max_connections {
+            metrics.rejected.with_label_values(&["max_connections"]).inc();
+            refuse(stream, limits.retry_after_secs, &refusing);
+            continue;
+        }
         let _ = stream.set_nodelay(true);
+        let slot = ConnSlot::take(&open, &metrics.client_connections);
         let proxy = proxy.clone();
         let svc = hyper::service::service_fn(move |req| {
             let proxy = proxy.clone();
@@ -602,16 +644,72 @@ pub async fn serve(
         let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
+            let _slot = slot;
             if let Err(e) = conn.await {
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
     }
     drop(listener);
+    proxy.draining.store(true, Ordering::Relaxed);
     tracing::info!(connections = graceful.count(), "draining in-flight requests");
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!(?grace, "grace period over; closing the remaining connections");
     }
+}
+
+/// One open client connection, counted until its task ends.
+struct ConnSlot {
+    open: Arc<AtomicUsize>,
+    gauge: prometheus::IntGauge,
+}
+
+impl ConnSlot {
+    fn take(open: &Arc<AtomicUsize>, gauge: &prometheus::IntGauge) -> ConnSlot {
+        open.fetch_add(1, Ordering::Relaxed);
+        gauge.inc();
+        ConnSlot { open: open.clone(), gauge: gauge.clone() }
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        self.gauge.dec();
+    }
+}
+
+/// Answer a connection over limits.max_connections with 503 + Retry-After, without reading
+/// its request. The answer is written whole, then the socket lingers briefly (its unread
+/// request would otherwise turn the close into a reset that can destroy the answer). At most
+/// MAX_REFUSING connections linger; past that a connection is simply closed.
+fn refuse(stream: tokio::net::TcpStream, retry_after: u64, refusing: &Arc<AtomicUsize>) {
+    const MAX_REFUSING: usize = 64;
+    if refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
+        refusing.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    let refusing = refusing.clone();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let body = r#"{"error":{"message":"goodput is at limits.max_connections; retry later","type":"overloaded_error","code":"max_connections"}}"#;
+        let head = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+             retry-after: {retry_after}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let mut stream = stream;
+        let linger = async {
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body.as_bytes()).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 4096];
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(500), linger).await;
+        refusing.fetch_sub(1, Ordering::Relaxed);
+    });
 }
 
 impl std::fmt::Debug for Proxy {

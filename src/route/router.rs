@@ -69,6 +69,17 @@ impl Dispatch {
         Dispatch(state.clone())
     }
 
+    /// Count the request unless the backend already has `max` outstanding: a hard limit,
+    /// since two requests cannot both take the last slot.
+    pub fn try_start(state: &Arc<BackendState>, max: Option<u64>) -> Option<Dispatch> {
+        let Some(max) = max else { return Some(Self::start(state)) };
+        state
+            .outstanding
+            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < max).then_some(n + 1))
+            .ok()
+            .map(|_| Dispatch(state.clone()))
+    }
+
     pub fn state(&self) -> &BackendState {
         &self.0
     }
@@ -95,6 +106,9 @@ pub struct DecisionLog {
 pub struct Choice {
     pub backend: usize,
     pub reason: Reason,
+    /// Every usable candidate is at its max_concurrency: the request must be refused (503 +
+    /// Retry-After), not queued inside the proxy. `backend` is then meaningless.
+    pub at_capacity: bool,
 }
 
 pub struct Router {
@@ -240,10 +254,16 @@ impl Router {
         let (k, mut reason, explanation) = match d.backend {
             Some(k) => (k, d.reason, d.explanation),
             None => {
-                let k = (0..cands.len())
-                    .filter(|k| !tried.contains(&route.candidates[*k]))
+                // Open circuits do not refuse (the upstream's answer is what the client
+                // gets), but a configured concurrency limit is a promise to the backend.
+                let has_room =
+                    |k: &usize| cands[*k].max_concurrency.is_none_or(|m| cands[*k].outstanding < m);
+                let Some(k) = (0..cands.len())
+                    .filter(|k| !tried.contains(&route.candidates[*k]) && has_room(k))
                     .min_by_key(|&k| cands[k].outstanding)
-                    .unwrap_or(0);
+                else {
+                    return Choice { backend: 0, reason: Reason::NoHealthyBackend, at_capacity: true };
+                };
                 (
                     k,
                     Reason::NoHealthyBackend,
@@ -279,7 +299,7 @@ impl Router {
                 q.pop_front();
             }
         }
-        Choice { backend, reason }
+        Choice { backend, reason, at_capacity: false }
     }
 
     /// The most recent decisions, newest first.

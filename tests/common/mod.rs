@@ -50,17 +50,32 @@ impl Goodput {
     }
 
     pub fn start_with(yaml: &str, extra: &[&str]) -> Goodput {
+        Self::spawn(yaml, extra, &[], false)
+    }
+
+    /// Like `start_with`, with extra environment, and stderr kept in `self.log()`.
+    pub fn start_logged(yaml: &str, extra: &[&str], env: &[(&str, &str)]) -> Goodput {
+        Self::spawn(yaml, extra, env, true)
+    }
+
+    fn spawn(yaml: &str, extra: &[&str], env: &[(&str, &str)], log: bool) -> Goodput {
         let dir = temp_dir("gp");
         let config = dir.join("goodput.yaml");
         std::fs::write(&config, yaml).unwrap();
+        let stderr = if log {
+            Stdio::from(std::fs::File::create(dir.join("stderr.log")).unwrap())
+        } else {
+            Stdio::inherit()
+        };
         let mut child = Command::new(env!("CARGO_BIN_EXE_goodput"))
             .args(["serve", "--config"])
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(extra)
             .env("RUST_LOG", "warn")
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("spawn goodput");
         let stdout = child.stdout.take().unwrap();
@@ -74,6 +89,11 @@ impl Goodput {
                 .unwrap()
         };
         Goodput { proxy: field("proxy="), admin: field("admin="), child, dir, config }
+    }
+
+    /// What the process wrote to stderr (with `start_logged`).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("stderr.log")).unwrap_or_default()
     }
 
     pub fn url(&self, path: &str) -> String {

@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::{Map, Value};
 use std::sync::Arc;
@@ -73,13 +72,11 @@ impl Checker {
         metrics: Metrics,
         results: std::sync::mpsc::Sender<QualityEvent>,
         embedder: Option<Embedder>,
+        connector: crate::proxy::tls::Connector,
     ) -> Checker {
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
         let (cancel, cancelled) = watch::channel(false);
         let user_tokens = Arc::new(AtomicU64::new(0));
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_millis(config.load().config.timeouts.connect_ms)));
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_timer(TokioTimer::new())
@@ -122,7 +119,7 @@ struct Engine {
     cfg: Arc<ConsistencyConfig>,
     config: Arc<ConfigHandle>,
     metrics: Metrics,
-    client: Client<HttpConnector, Full<Bytes>>,
+    client: Client<crate::proxy::tls::Connector, Full<Bytes>>,
     results: std::sync::mpsc::Sender<QualityEvent>,
     permits: Arc<Semaphore>,
     user_tokens: Arc<AtomicU64>,

@@ -1,0 +1,563 @@
+//! Fault injection over real sockets: upstreams that misbehave on purpose, clients that do,
+//! the limits, graceful shutdown on SIGTERM and the security rules. Each fault is repeated so
+//! that a leak of one file descriptor or task per fault shows above the pooled connections;
+//! a healthy stream runs through the same proxy the whole time and must come through intact.
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::Request;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A TCP upstream that runs `f` on every connection it accepts.
+async fn raw_upstream<F, Fut>(f: F) -> SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let f = Arc::new(f);
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(f(s));
+        }
+    });
+    addr
+}
+
+/// Read one request (head and content-length body) off the socket.
+async fn read_request(s: &mut TcpStream) -> bool {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            while buf.len() < end + 4 + len {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return false,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            return true;
+        }
+        match s.read(&mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// Wait until the peer closes (so a stalled upstream holds its socket as long as goodput does).
+async fn until_closed(s: &mut TcpStream) {
+    let mut b = [0u8; 1024];
+    while matches!(s.read(&mut b).await, Ok(n) if n > 0) {}
+}
+
+/// Close with RST (SO_LINGER 0; tokio deprecates it because a non-zero linger blocks on drop).
+#[allow(deprecated)]
+fn reset(s: TcpStream) {
+    let _ = s.set_linger(Some(Duration::ZERO));
+    drop(s);
+}
+
+const SSE_HEAD: &[u8] =
+    b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+const EVENT: &str =
+    "data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"},\"finish_reason\":null}]}\n\n";
+
+fn chunk(data: &[u8]) -> Vec<u8> {
+    let mut v = format!("{:x}\r\n", data.len()).into_bytes();
+    v.extend_from_slice(data);
+    v.extend_from_slice(b"\r\n");
+    v
+}
+
+/// Bytes of the oversized SSE event: larger than the SSE reader's 16 MiB cap and any buffer.
+const HUGE_EVENT: usize = 20 * 1024 * 1024;
+
+async fn huge_event(mut s: TcpStream) {
+    while read_request(&mut s).await {
+        let _ = s.write_all(SSE_HEAD).await;
+        let _ = s.write_all(&chunk(b"data: ")).await;
+        let piece = vec![b'x'; 64 * 1024];
+        for _ in 0..HUGE_EVENT / piece.len() {
+            if s.write_all(&chunk(&piece)).await.is_err() {
+                return;
+            }
+        }
+        let _ = s.write_all(&chunk(b"\n\ndata: [DONE]\n\n")).await;
+        let _ = s.write_all(b"0\r\n\r\n").await;
+    }
+}
+
+struct Fault {
+    name: &'static str,
+    addr: String,
+    /// The status the client must get.
+    status: u16,
+    /// The client's body must end with an error (the proxy must not invent a clean end).
+    body_error: bool,
+    /// The record's outcome.
+    outcome: &'static str,
+}
+
+async fn fault_upstreams() -> Vec<Fault> {
+    let mut v = Vec::new();
+    let mut add = |name, addr: String, status, body_error, outcome| {
+        v.push(Fault { name, addr, status, body_error, outcome })
+    };
+    let a = raw_upstream(|mut s| async move {
+        if read_request(&mut s).await {
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok").await;
+        }
+    })
+    .await;
+    add("slow_headers", a.to_string(), 504, false, "timeout");
+    let a = raw_upstream(|mut s| async move {
+        if read_request(&mut s).await {
+            until_closed(&mut s).await;
+        }
+    })
+    .await;
+    add("never_answers", a.to_string(), 504, false, "timeout");
+    let a = raw_upstream(|mut s| async move {
+        if read_request(&mut s).await {
+            let _ = s.write_all(SSE_HEAD).await;
+            let _ = s.write_all(&chunk(EVENT.as_bytes())).await;
+            until_closed(&mut s).await;
+        }
+    })
+    .await;
+    add("slow_chunks", a.to_string(), 200, true, "timeout");
+    let a = raw_upstream(|mut s| async move {
+        if read_request(&mut s).await {
+            reset(s);
+        }
+    })
+    .await;
+    add("reset_before_headers", a.to_string(), 502, false, "upstream_reset");
+    let a = raw_upstream(|mut s| async move {
+        if read_request(&mut s).await {
+            let _ = s.write_all(SSE_HEAD).await;
+            let _ = s.write_all(&chunk(EVENT.as_bytes())).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            reset(s);
+        }
+    })
+    .await;
+    add("reset_mid_stream", a.to_string(), 200, true, "upstream_reset");
+    let a = raw_upstream(|mut s| async move {
+        if read_request(&mut s).await {
+            let _ = s.write_all(b"SSH-2.0-OpenSSH_9.2 this is not HTTP\r\n\r\n").await;
+        }
+    })
+    .await;
+    add("garbage", a.to_string(), 502, false, "upstream_reset");
+    let a = raw_upstream(|mut s| async move {
+        if read_request(&mut s).await {
+            let _ = s.write_all(SSE_HEAD).await;
+            let _ = s.write_all(&chunk(EVENT.as_bytes())).await;
+            // A chunk header that promises more than ever comes, then FIN.
+            let _ = s.write_all(b"400\r\ndata: {\"cho").await;
+            let _ = s.shutdown().await;
+        }
+    })
+    .await;
+    add("truncated_chunked", a.to_string(), 200, true, "upstream_reset");
+    let a = raw_upstream(|mut s| async move {
+        if read_request(&mut s).await {
+            let big = "a".repeat(1024 * 1024);
+            let r = format!("HTTP/1.1 200 OK\r\nx-big: {big}\r\ncontent-length: 2\r\n\r\nok");
+            let _ = s.write_all(r.as_bytes()).await;
+        }
+    })
+    .await;
+    add("huge_headers", a.to_string(), 502, false, "upstream_reset");
+    let a = raw_upstream(|mut s| async move {
+        while read_request(&mut s).await {
+            let body = "<html><body>upstream is down</body></html>";
+            let r = format!(
+                "HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/html\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = s.write_all(r.as_bytes()).await;
+        }
+    })
+    .await;
+    add("html_503", a.to_string(), 503, false, "upstream_error");
+    let a = raw_upstream(huge_event).await;
+    add("huge_event", a.to_string(), 200, false, "ok");
+    add("dns", "goodput-fault.invalid:8000".into(), 502, false, "connect_error");
+    v
+}
+
+fn fault_yaml(healthy: SocketAddr, faults: &[Fault], extra: &str) -> String {
+    let mut y = format!(
+        "timeouts: {{connect_ms: 1000, first_byte_ms: 800, idle_ms: 800}}\n\
+         limits: {{header_read_timeout_ms: 1000, max_body_bytes: 1048576}}\n{extra}\
+         backends:\n  - name: healthy\n    url: http://{healthy}\n"
+    );
+    for f in faults {
+        y += &format!("  - name: {}\n    url: http://{}\n", f.name, f.addr);
+    }
+    y += "routes:\n  - name: healthy\n    match: {headers: {x-fault: healthy}}\n    backends: [healthy]\n";
+    for f in faults {
+        y += &format!(
+            "  - name: {0}\n    match: {{headers: {{x-fault: {0}}}}}\n    backends: [{0}]\n",
+            f.name
+        );
+    }
+    y
+}
+
+fn stream_req(fault: &str, max_tokens: u32) -> Request<Full<Bytes>> {
+    let body = serde_json::json!({
+        "model": "m", "stream": true, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hello"}]
+    });
+    let mut r = post_json("/v1/chat/completions", &body.to_string());
+    r.headers_mut().insert("x-fault", fault.parse().unwrap());
+    r
+}
+
+/// (open fds, alive tasks) of the goodput process, as its /metrics reports them.
+async fn usage(gp: &Goodput) -> (f64, f64) {
+    let m = gp.metrics().await;
+    (metric(&m, "process_open_fds", &[]), metric(&m, "goodput_runtime_alive_tasks", &[]))
+}
+
+/// Wait for the process's fds and tasks to come back to within `slack` of `base`.
+async fn settles(gp: &Goodput, base: (f64, f64), slack: f64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = usage(gp).await;
+        if now.0 <= base.0 + slack && now.1 <= base.1 + slack {
+            return;
+        }
+        assert!(Instant::now() < deadline, "leak: fds/tasks {now:?}, baseline {base:?} (+{slack})");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn assert_alive(gp: &mut Goodput) {
+    assert!(gp.child.try_wait().unwrap().is_none(), "goodput exited");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_faults_get_clear_answers_and_leave_nothing_behind() {
+    const REPS: usize = 3;
+    let (sim_addr, sim) = spawn_sim(0.0, 10.0, 400).await;
+    let faults = Arc::new(fault_upstreams().await);
+    let mut gp = Goodput::start(&fault_yaml(sim_addr, &faults, ""));
+    let ok = send(gp.proxy, stream_req("healthy", 4)).await;
+    assert_eq!(ok.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let base = usage(&gp).await;
+
+    // A 4-second healthy stream through the same proxy while the faults happen.
+    let proxy = gp.proxy;
+    let healthy = tokio::spawn(async move { send(proxy, stream_req("healthy", 400)).await });
+    for rep in 0..REPS {
+        let runs = (0..faults.len()).map(|i| {
+            let (proxy, name) = (gp.proxy, faults[i].name);
+            async move { (i, send(proxy, stream_req(name, 8)).await) }
+        });
+        for (i, r) in futures_join_all(runs).await {
+            let f = &faults[i];
+            let what = format!("{} (rep {rep})", f.name);
+            assert_eq!(r.status.as_u16(), f.status, "{what}: {}", r.text());
+            assert_eq!(r.error.is_some(), f.body_error, "{what}: body error {:?}", r.error);
+            if f.status == 502 || f.status == 504 {
+                let e = r.json();
+                assert!(e["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {e}");
+                assert!(e["error"]["type"].is_string() && e["error"]["code"].is_string(), "{what}: {e}");
+            }
+            match f.name {
+                "html_503" => assert_eq!(r.text(), "<html><body>upstream is down</body></html>"),
+                "huge_event" => {
+                    assert_eq!(r.body.len(), 6 + HUGE_EVENT + 16, "{what}");
+                    assert!(r.body.ends_with(b"\n\ndata: [DONE]\n\n"));
+                }
+                // Only what the upstream sent: the one complete event, nothing invented.
+                "reset_mid_stream" | "slow_chunks" => assert_eq!(r.text(), EVENT, "{what}"),
+                "truncated_chunked" => assert!(r.text().starts_with(EVENT), "{what}: {}", r.text()),
+                _ => {}
+            }
+        }
+    }
+    let h = healthy.await.unwrap();
+    assert_eq!((h.status.as_u16(), &h.error), (200, &None));
+    let text = h.text();
+    assert!(text.matches("\"content\"").count() >= 400, "the healthy stream lost tokens");
+    assert!(text.ends_with("data: [DONE]\n\n"));
+
+    let records = gp.records(1 + 1 + REPS * faults.len()).await;
+    for f in faults.iter() {
+        let mine: Vec<_> = records.iter().filter(|r| r["route"] == f.name).collect();
+        assert_eq!(mine.len(), REPS, "{}: one record per request", f.name);
+        for r in mine {
+            assert_eq!(r["outcome"], f.outcome, "{}: {r}", f.name);
+        }
+    }
+    assert_eq!(sim.cancelled(), 0, "the healthy stream was disturbed");
+    assert_alive(&mut gp);
+    settles(&gp, base, 6.0).await;
+}
+
+/// join_all without the futures crate: the requests run concurrently on the runtime.
+async fn futures_join_all<F: std::future::Future + Send + 'static>(
+    fs: impl Iterator<Item = F>,
+) -> Vec<F::Output>
+where
+    F::Output: Send,
+{
+    let handles: Vec<_> = fs.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+/// A stream that writes as fast as the socket takes, counting what it got rid of.
+async fn firehose(written: Arc<AtomicU64>, cut: Arc<AtomicBool>) -> SocketAddr {
+    raw_upstream(move |mut s| {
+        let (written, cut) = (written.clone(), cut.clone());
+        async move {
+            if !read_request(&mut s).await {
+                return;
+            }
+            let _ = s.write_all(SSE_HEAD).await;
+            let ev = chunk(&EVENT.repeat(600).into_bytes()); // ~50 KiB per write
+            for _ in 0..5000 {
+                if s.write_all(&ev).await.is_err() {
+                    cut.store(true, Ordering::SeqCst);
+                    return;
+                }
+                written.fetch_add(ev.len() as u64, Ordering::SeqCst);
+            }
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_faults_are_contained() {
+    let (sim_addr, sim) = spawn_sim(0.0, 20.0, 100).await;
+    let (written, cut) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let hose = firehose(written.clone(), cut.clone()).await;
+    let yaml = format!(
+        "timeouts: {{idle_ms: 5000}}\nlimits: {{header_read_timeout_ms: 1000, max_body_bytes: 1048576}}\n\
+         backends:\n  - name: sim\n    url: http://{sim_addr}\n  - name: hose\n    url: http://{hose}\n\
+         routes:\n  - name: hose\n    match: {{headers: {{x-fault: hose}}}}\n    backends: [hose]\n\
+         \x20 - name: sim\n    backends: [sim]\n"
+    );
+    let mut gp = Goodput::start(&yaml);
+    assert_eq!(send(gp.proxy, stream_req("sim", 2)).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let base = usage(&gp).await;
+    let rss0 = metric(&gp.metrics().await, "process_resident_memory_bytes", &[]);
+
+    // Slowloris: a request head trickling in is cut at header_read_timeout_ms.
+    let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let t = Instant::now();
+    let closed = async {
+        let mut b = [0u8; 256];
+        for i in 0..100 {
+            if s.write_all(format!("x-slow-{i}: 1\r\n").as_bytes()).await.is_err() {
+                return;
+            }
+            // A 408 before the close is fine too; the close is what must come.
+            if let Ok(r) = tokio::time::timeout(Duration::from_millis(200), s.read(&mut b)).await
+                && matches!(r, Ok(0) | Err(_))
+            {
+                return;
+            }
+        }
+        panic!("a slowloris client was kept for 20 s");
+    };
+    closed.await;
+    assert!(t.elapsed() < Duration::from_secs(4), "slowloris cut after {:?}", t.elapsed());
+
+    // A slow reader: goodput applies backpressure instead of buffering the stream.
+    let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+    let body = r#"{"model":"m","stream":true,"messages":[]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-fault: hose\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stuck = written.load(Ordering::SeqCst);
+    let total = 5000 * (EVENT.len() as u64 * 600 + 10);
+    assert!(
+        stuck < 48 * 1024 * 1024,
+        "the upstream wrote {stuck} of {total} bytes to a client reading nothing"
+    );
+    let rss1 = metric(&gp.metrics().await, "process_resident_memory_bytes", &[]);
+    assert!(
+        rss1 - rss0 < 32.0 * 1024.0 * 1024.0,
+        "RSS grew {} MiB under a slow reader",
+        (rss1 - rss0) / 1048576.0
+    );
+    // Reading a little lets more through; then the client leaves and the upstream is cut.
+    let mut b = vec![0u8; 1 << 20];
+    let _ = s.read(&mut b).await.unwrap();
+    drop(s);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while !cut.load(Ordering::SeqCst) {
+        assert!(Instant::now() < deadline, "the upstream kept writing after the client left");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Half-closed: a client that shuts its write side is treated as gone (as nginx does):
+    // the upstream request is cancelled, so a generation nobody reads stops.
+    let before = sim.cancelled();
+    let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+    let body = r#"{"model":"m","stream":true,"max_tokens":100,"messages":[]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    s.shutdown().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while sim.cancelled() == before {
+        assert!(Instant::now() < deadline, "a half-closed client's generation was not cancelled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(s);
+
+    // Pipelined HTTP/1.1: two requests in one write, two answers in order.
+    let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+    let one = |tokens: u32| {
+        let body = format!(r#"{{"model":"m","max_tokens":{tokens},"messages":[]}}"#);
+        format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    s.write_all(format!("{}{}", one(3), one(5)).as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 65536];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let answers = loop {
+        let a = parse_responses(&got);
+        if a.len() == 2 {
+            break a;
+        }
+        assert!(Instant::now() < deadline, "pipelined answers: {:?}", String::from_utf8_lossy(&got));
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await.unwrap().unwrap();
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&b[..n]);
+    };
+    for (a, tokens) in answers.iter().zip([3, 5]) {
+        assert_eq!(a.0, 200);
+        let v: serde_json::Value = serde_json::from_slice(&a.1).unwrap();
+        assert_eq!(v["usage"]["completion_tokens"], tokens, "answers out of order: {v}");
+    }
+    drop(s);
+
+    // h2: resetting one stream cancels its generation and leaves the other stream alone.
+    let before = sim.cancelled();
+    let io = TokioIo::new(TcpStream::connect(gp.proxy).await.unwrap());
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
+    tokio::spawn(conn);
+    let req = |tokens| {
+        let mut r = stream_req("sim", tokens);
+        *r.uri_mut() = format!("http://{}/v1/chat/completions", gp.proxy).parse().unwrap();
+        r
+    };
+    let a = h2.send_request(req(100)).await.unwrap();
+    let b_resp = h2.send_request(req(30)).await.unwrap();
+    let mut a_body = a.into_body();
+    let first = a_body.frame().await.unwrap().unwrap();
+    assert!(first.is_data());
+    drop(a_body); // RST_STREAM(CANCEL)
+    let b = read_reply(b_resp, Instant::now()).await;
+    assert_eq!(b.error, None);
+    assert!(b.text().matches("\"content\"").count() >= 30);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while sim.cancelled() == before {
+        assert!(Instant::now() < deadline, "the reset h2 stream's generation was not cancelled");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(h2);
+
+    // Bodies over the limit, declared or chunked: 413 with an error body.
+    let big = "x".repeat(2 * 1024 * 1024);
+    let r = send(gp.proxy, post_json("/v1/chat/completions", &big)).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.json()["error"]["code"], "request_too_large");
+    let stream_body = Chunked::new(big.as_bytes());
+    let io = TokioIo::new(TcpStream::connect(gp.proxy).await.unwrap());
+    let (mut h1, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+    tokio::spawn(conn);
+    let req = Request::post("/v1/chat/completions").header("host", "x").body(stream_body).unwrap();
+    let r = h1.send_request(req).await.unwrap();
+    assert_eq!(r.status(), 413);
+    drop(h1);
+
+    let records = gp.records(1).await;
+    assert!(records.iter().any(|r| r["outcome"] == "cancelled"), "no cancelled record");
+    assert_alive(&mut gp);
+    settles(&gp, base, 6.0).await;
+}
+
+/// A request body sent in 64 KiB chunks with no declared length (chunked on the wire).
+struct Chunked(std::collections::VecDeque<Bytes>);
+
+impl Chunked {
+    fn new(data: &[u8]) -> Chunked {
+        Chunked(data.chunks(64 * 1024).map(Bytes::copy_from_slice).collect())
+    }
+}
+
+impl http_body::Body for Chunked {
+    type Data = Bytes;
+    type Error = std::io::Error;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, std::io::Error>>> {
+        std::task::Poll::Ready(self.0.pop_front().map(|b| Ok(http_body::Frame::data(b))))
+    }
+}
+
+/// Complete HTTP/1.1 responses (status, content-length body) at the front of `buf`.
+fn parse_responses(buf: &[u8]) -> Vec<(u16, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut rest = buf;
+    while let Some(end) = rest.windows(4).position(|w| w == b"\r\n\r\n") {
+        let head = String::from_utf8_lossy(&rest[..end]).to_ascii_lowercase();
+        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        if rest.len() < end + 4 + len {
+            break;
+        }
+        out.push((status, rest[end + 4..end + 4 + len].to_vec()));
+        rest = &rest[end + 4 + len..];
+    }
+    out
+}

@@ -1,0 +1,251 @@
+//! Limits (connections, header size, per-backend concurrency), graceful shutdown on SIGTERM,
+//! and the security rules (admin token, secrets and user text kept out of logs, metrics and
+//! /admin, shadow requests with the config's credentials, bounded label values).
+
+mod common;
+
+use bytes::Bytes;
+use common::*;
+use http::Request;
+use http_body_util::Full;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn chat(stream: bool, max_tokens: u32) -> Request<Full<Bytes>> {
+    let body = serde_json::json!({
+        "model": "m", "stream": stream, "max_tokens": max_tokens,
+        "messages": [{"role": "user", "content": "hello"}]
+    });
+    post_json("/v1/chat/completions", &body.to_string())
+}
+
+/// One request on an open raw connection; returns the raw answer (head and body).
+async fn raw_exchange(s: &mut TcpStream, req: &str) -> String {
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut b = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await.unwrap().unwrap_or(0);
+        got.extend_from_slice(&b[..n]);
+        let text = String::from_utf8_lossy(&got).into_owned();
+        if n == 0 || (text.contains("\r\n\r\n") && text.ends_with('}')) {
+            return text;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_answer_503_with_retry_after_and_431() {
+    let (sim_addr, _sim) = spawn_sim(0.0, 20.0, 50).await;
+    let gp = Goodput::start(&format!(
+        "limits: {{max_connections: 3, max_header_bytes: 8192, retry_after_secs: 2}}\n\
+         backends:\n  - name: sim\n    url: http://{sim_addr}\n    max_concurrency: 2\n"
+    ));
+    let get = "GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n";
+
+    // Three keep-alive connections are the limit; the fourth is refused, not left hanging.
+    let mut open = Vec::new();
+    for _ in 0..3 {
+        let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+        assert!(raw_exchange(&mut s, get).await.starts_with("HTTP/1.1 200"));
+        open.push(s);
+    }
+    let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+    let refused = raw_exchange(&mut s, get).await;
+    assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
+    assert!(refused.contains("retry-after: 2"), "{refused}");
+    assert!(refused.contains(r#""code":"max_connections""#), "{refused}");
+    drop(open.pop());
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+    assert!(raw_exchange(&mut s, get).await.starts_with("HTTP/1.1 200"), "a freed slot is usable again");
+    drop(s);
+    drop(open);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    // A request head over max_header_bytes: 431.
+    let big = "a".repeat(20_000);
+    let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+    let r =
+        raw_exchange(&mut s, &format!("GET /v1/models HTTP/1.1\r\nhost: x\r\nx-big: {big}\r\n\r\n")).await;
+    assert!(r.starts_with("HTTP/1.1 431"), "{r}");
+    drop(s);
+
+    // max_concurrency 2: a third concurrent stream is refused with 503 + Retry-After.
+    let p = gp.proxy;
+    let a = tokio::spawn(async move { send(p, chat(true, 50)).await });
+    let b = tokio::spawn(async move { send(p, chat(true, 50)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c = send(gp.proxy, chat(false, 5)).await;
+    assert_eq!(c.status, 503, "{}", c.text());
+    assert_eq!(c.headers["retry-after"], "2");
+    assert_eq!(c.json()["error"]["code"], "backend_at_capacity");
+    for h in [a, b] {
+        let r = h.await.unwrap();
+        assert_eq!((r.status.as_u16(), r.error), (200, None));
+    }
+    assert_eq!(send(gp.proxy, chat(false, 5)).await.status, 200, "capacity comes back");
+
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_rejected_total", &[("reason", "max_connections")]), 1.0);
+    assert_eq!(metric(&m, "goodput_rejected_total", &[("reason", "backend_at_capacity")]), 1.0);
+    let records = gp.records(4).await;
+    assert_eq!(records.iter().filter(|r| r["outcome"] == "rejected" && r["status"] == 503).count(), 1);
+}
+
+fn sigterm(gp: &Goodput) {
+    // SAFETY: kill has no memory-safety preconditions.
+    assert_eq!(unsafe { libc::kill(gp.child.id() as i32, libc::SIGTERM) }, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_streams_then_exits() {
+    let (sim_addr, sim) = spawn_sim(0.0, 20.0, 60).await;
+    let mut gp = Goodput::start_logged(
+        &format!("backends:\n  - name: sim\n    url: http://{sim_addr}\n"),
+        &["--shutdown-grace-secs", "10"],
+        &[("RUST_LOG", "info")],
+    );
+    assert_eq!(send(gp.proxy, chat(false, 3)).await.status, 200);
+    let p = gp.proxy;
+    let stream = tokio::spawn(async move { send(p, chat(true, 60)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sigterm(&gp);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // No new connections; the admin listener says not ready while the stream finishes.
+    assert!(TcpStream::connect(gp.proxy).await.is_err(), "still accepting after SIGTERM");
+    let ready = send(gp.admin, Request::get("/readyz").body(Full::default()).unwrap()).await;
+    assert_eq!(ready.status, 503);
+    let r = stream.await.unwrap();
+    assert_eq!((r.status.as_u16(), &r.error), (200, &None));
+    assert!(r.text().matches("\"content\"").count() >= 60, "the in-flight stream was cut");
+    assert!(r.text().ends_with("data: [DONE]\n\n"));
+    assert_eq!(sim.cancelled(), 0);
+
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = gp.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "goodput did not exit after draining");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(status.success(), "{status}");
+    // Both requests reached the metrics before the process ended.
+    let log = gp.log();
+    let last = log.lines().rev().find(|l| l.contains("shut down")).unwrap_or_else(|| panic!("{log}"));
+    assert!(last.contains("flushed=true") && last.contains("\"ok\": 2"), "{last}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_grace_period_bounds_the_drain() {
+    let (sim_addr, sim) = spawn_sim(0.0, 50.0, 400).await;
+    let mut gp = Goodput::start_with(
+        &format!("backends:\n  - name: sim\n    url: http://{sim_addr}\n"),
+        &["--shutdown-grace-secs", "1"],
+    );
+    let p = gp.proxy;
+    let stream = tokio::spawn(async move { send(p, chat(true, 400)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let t = Instant::now();
+    sigterm(&gp);
+    let r = stream.await.unwrap();
+    assert!(r.error.is_some() || !r.text().ends_with("data: [DONE]\n\n"), "a 20 s stream finished in 1 s?");
+    loop {
+        if gp.child.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(4), "the grace period did not bound the drain");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while sim.cancelled() == 0 {
+        assert!(Instant::now() < deadline, "the cut stream's generation was not cancelled upstream");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_and_user_text_stay_out_of_logs_metrics_and_admin() {
+    const CLIENT_KEY: &str = "client-secret-4f9a";
+    const BACKEND_KEY: &str = "backend-secret-77c1";
+    const ADMIN_TOKEN: &str = "admin-secret-0b3e";
+    const PROMPT: &str = "prompt-secret-e21d";
+    const ANSWER: &str = "answer-secret-9c54";
+    let answer = serde_json::json!({
+        "id": "x", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": format!("The {ANSWER}. It is so.")}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}
+    });
+    let (up, seen) = spawn_canned(vec![("/v1/chat/completions", canned_json(&answer.to_string()))]).await;
+    let gp = Goodput::start_logged(
+        &format!(
+            "backends:\n  - name: b\n    url: http://{up}\n    models: [m]\n    headers: {{authorization: Bearer {BACKEND_KEY}}}\n\
+             quality:\n  consistency:\n    sample_rate: 1.0\n    samples: 2\n    max_token_share: 100.0\n"
+        ),
+        &[],
+        &[("RUST_LOG", "debug"), ("GOODPUT_ADMIN_TOKEN", ADMIN_TOKEN)],
+    );
+    let models = ["m", "gpt-x-1", "gpt-x-2", "gpt-x-3", "gpt-x-4", "evil\"label", "gpt-x-5"];
+    for model in models {
+        let body = serde_json::json!({"model": model, "messages": [{"role": "user", "content": PROMPT}]});
+        let mut req = post_json("/v1/chat/completions", &body.to_string());
+        req.headers_mut().insert("authorization", format!("Bearer {CLIENT_KEY}").parse().unwrap());
+        assert_eq!(send(gp.proxy, req).await.status, 200);
+    }
+    // The shadow re-samples of the first request (the only one for a model the backend serves).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while seen.requests.lock().unwrap().iter().filter(|(_, h, _)| h.contains_key("x-goodput-shadow")).count()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "no shadow requests");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (_, h, _) in seen.requests.lock().unwrap().iter() {
+        let auth = h.get("authorization").map(|v| v.to_str().unwrap().to_string());
+        assert_eq!(auth.as_deref(), Some(&*format!("Bearer {BACKEND_KEY}")), "upstream saw {auth:?}");
+    }
+
+    // Admin: the token is required for /admin/*, not for /metrics or the probes.
+    let get = |path: &str, token: Option<&str>| {
+        let mut r = Request::get(path);
+        if let Some(t) = token {
+            r = r.header("authorization", format!("Bearer {t}"));
+        }
+        r.body(Full::default()).unwrap()
+    };
+    for path in ["/admin/config", "/admin/records", "/admin/backends", "/admin/routes"] {
+        assert_eq!(send(gp.admin, get(path, None)).await.status, 401, "{path}");
+        assert_eq!(send(gp.admin, get(path, Some("wrong-token-0000000"))).await.status, 401, "{path}");
+    }
+    let mut seen_text = String::new();
+    for path in ["/admin/config", "/admin/records?limit=100", "/admin/backends", "/admin/routes"] {
+        let r = send(gp.admin, get(path, Some(ADMIN_TOKEN))).await;
+        assert_eq!(r.status, 200, "{path}");
+        seen_text += &r.text();
+    }
+    let metrics = send(gp.admin, get("/metrics", None)).await;
+    assert_eq!(metrics.status, 200);
+    seen_text += &metrics.text();
+    assert_eq!(send(gp.admin, get("/healthz", None)).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = gp.log();
+    assert!(log.contains("DEBUG"), "debug logging was not on: {log}");
+    seen_text += &log;
+    for secret in [CLIENT_KEY, BACKEND_KEY, ADMIN_TOKEN, PROMPT, ANSWER] {
+        assert!(!seen_text.contains(secret), "{secret} leaked into logs, metrics or /admin");
+    }
+
+    // Labels: model names the config does not list are `other`, whatever clients send.
+    let m = metrics.text();
+    let mut labels: Vec<&str> = m
+        .lines()
+        .filter(|l| l.starts_with("goodput_requests_total{"))
+        .filter_map(|l| l.split("gen_ai_request_model=\"").nth(1)?.split('"').next())
+        .collect();
+    labels.sort();
+    labels.dedup();
+    assert_eq!(labels, ["m", "other"]);
+}
