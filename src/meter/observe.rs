@@ -346,6 +346,20 @@ mod tests {
         assert_eq!(obs.usage_chunks_removed, 1);
     }
 
+    /// A usage chunk whose block opens with other fields (`retry:`, `id:`, a comment) is removed
+    /// whole at every split, never half-released.
+    #[test]
+    fn usage_block_with_leading_fields_is_removed_at_every_split() {
+        let block = format!(": keep-alive\nretry: 10\nid: 7\n{USAGE}");
+        let full = format!("{CHAT}{block}{DONE}");
+        let want = format!("{CHAT}{DONE}");
+        let b = full.as_bytes();
+        for i in 0..=b.len() {
+            let (out, _) = run(&[&b[..i], &b[i..]], true);
+            assert_eq!(String::from_utf8_lossy(&out), want, "split at {i}");
+        }
+    }
+
     #[test]
     fn passthrough_is_identical_and_metered() {
         let full = format!("{CHAT}{USAGE}{DONE}");

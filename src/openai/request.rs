@@ -66,7 +66,13 @@ impl RequestInfo {
     pub fn parse(body: &[u8]) -> RequestInfo {
         // Lenient on types: a wrong type is the upstream's error to report, not ours.
         let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
-        let parsed = if is_object { serde_json::from_slice::<Fields>(body).ok() } else { None };
+        // JSON is UTF-8. serde skips unknown members without checking their strings, so a body
+        // with invalid UTF-8 in, say, a message would otherwise pass as valid and be rewritten
+        // (found by fuzzing); malformed bodies must reach the upstream unchanged.
+        let parsed = match std::str::from_utf8(body) {
+            Ok(text) if is_object => serde_json::from_str::<Fields>(text).ok(),
+            _ => None,
+        };
         let Some(f) = parsed else {
             return RequestInfo { n: 1, ..Default::default() };
         };
@@ -117,27 +123,115 @@ pub fn inject_include_usage(body: &[u8], info: &RequestInfo) -> Option<Vec<u8>> 
         out.extend_from_slice(&body[end..]);
         return Some(out);
     }
-    // stream_options exists (e.g. continuous_usage_stats, or include_usage:false): merge.
-    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    let obj = v.as_object_mut()?;
-    let so = obj.entry("stream_options").or_insert_with(|| serde_json::Value::Object(Default::default()));
-    if !so.is_object() {
-        *so = serde_json::Value::Object(Default::default());
-    }
-    so.as_object_mut()?.insert("include_usage".into(), serde_json::Value::Bool(true));
-    serde_json::to_vec(&v).ok()
+    // stream_options exists (e.g. continuous_usage_stats, or include_usage:false): merge it,
+    // and only it; every other member keeps the client's bytes.
+    replace_member(body, "stream_options", |old| {
+        let mut so = match old.map(|r| serde_json::from_str::<serde_json::Value>(r.get())) {
+            Some(Ok(serde_json::Value::Object(o))) => o,
+            _ => serde_json::Map::new(),
+        };
+        so.insert("include_usage".into(), serde_json::Value::Bool(true));
+        serde_json::to_string(&so).ok()
+    })
 }
 
 /// Set the body's `model` (a route's `rewrite_model`). `None` if the body is not a JSON object.
 pub fn rewrite_model(body: &[u8], model: &str) -> Option<Vec<u8>> {
-    let mut v: serde_json::Value = serde_json::from_slice(body).ok()?;
-    v.as_object_mut()?.insert("model".into(), serde_json::Value::String(model.into()));
-    serde_json::to_vec(&v).ok()
+    let value = serde_json::to_string(model).ok()?;
+    replace_member(body, "model", |_| Some(value.clone()))
+}
+
+/// Rewrite one top-level member of a JSON object, keeping every other member's bytes exactly as
+/// the client sent them (a parse into `Value` and back would round numbers: found by fuzzing,
+/// `455555.55555505555555554` came back as a different float). Every member named `key` gets
+/// the new value; without one, it is appended. Keys are written back in JSON's canonical form.
+fn replace_member(
+    body: &[u8],
+    key: &str,
+    mut value: impl FnMut(Option<&serde_json::value::RawValue>) -> Option<String>,
+) -> Option<Vec<u8>> {
+    let text = std::str::from_utf8(body).ok()?;
+    let members: Members<'_> = serde_json::from_str(text).ok()?;
+    let mut out = Vec::with_capacity(body.len() + key.len() + 64);
+    out.push(b'{');
+    let mut found = false;
+    for (i, (k, v)) in members.0.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(serde_json::to_string(k).ok()?.as_bytes());
+        out.push(b':');
+        if k == key {
+            found = true;
+            out.extend_from_slice(value(Some(v))?.as_bytes());
+        } else {
+            out.extend_from_slice(v.get().as_bytes());
+        }
+    }
+    if !found {
+        if !members.0.is_empty() {
+            out.push(b',');
+        }
+        out.extend_from_slice(serde_json::to_string(key).ok()?.as_bytes());
+        out.push(b':');
+        out.extend_from_slice(value(None)?.as_bytes());
+    }
+    out.push(b'}');
+    Some(out)
+}
+
+/// A JSON object's members in order, duplicates kept, values as the raw text.
+struct Members<'a>(Vec<(std::borrow::Cow<'a, str>, &'a serde_json::value::RawValue)>);
+
+impl<'de> serde::Deserialize<'de> for Members<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = Members<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Members<'de>, A::Error> {
+                let mut v = Vec::new();
+                while let Some(k) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    v.push((k, map.next_value()?));
+                }
+                Ok(Members(v))
+            }
+        }
+        d.deserialize_map(V)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rewrites_keep_other_members_byte_for_byte() {
+        let body = br#"{"ex":455555.55555505555555554, "model" : "a","big":123456789012345678901234567890,"stream_options":{"continuous_usage_stats":true}}"#;
+        let out = rewrite_model(body, "b").unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"ex":455555.55555505555555554,"model":"b","big":123456789012345678901234567890,"stream_options":{"continuous_usage_stats":true}}"#
+        );
+        let info = RequestInfo::parse(body);
+        let out = inject_include_usage(body, &info).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"ex":455555.55555505555555554,"model":"a","big":123456789012345678901234567890,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}"#
+        );
+        assert_eq!(rewrite_model(b"{}", "m").unwrap(), br#"{"model":"m"}"#);
+        assert_eq!(rewrite_model(b"[1]", "m"), None);
+    }
+
+    #[test]
+    fn invalid_utf8_is_not_valid_json() {
+        let body = b"{\"model\":\"m\",\"stream\":true,\"messages\":[{\"content\":\"\xff\xfe\"}]}";
+        let info = RequestInfo::parse(body);
+        assert!(!info.valid_json);
+        assert_eq!(inject_include_usage(body, &info), None);
+    }
 
     #[test]
     fn parses_fields() {

@@ -179,14 +179,16 @@ impl SseReader {
                 None => (bytes, &b""[..]),
             };
             if field == b"data" {
-                if self.has_data {
-                    self.data.push(b'\n');
-                }
+                // The joining newline counts against the cap too: otherwise a run of empty
+                // `data` lines grows the buffer without bound (found by fuzzing).
+                let sep = usize::from(self.has_data);
                 let room = self.max_event_bytes.saturating_sub(self.data.len());
-                if value.len() > room {
-                    self.data.extend_from_slice(&value[..room]);
+                if self.truncated || sep + value.len() > room {
                     self.truncated = true;
                 } else {
+                    if sep == 1 {
+                        self.data.push(b'\n');
+                    }
                     self.data.extend_from_slice(value);
                 }
                 self.has_data = true;
@@ -195,9 +197,11 @@ impl SseReader {
         self.line = carried;
     }
 
-    /// True when bytes of an unfinished event are pending (the stream ended mid-event).
+    /// True when bytes of an unfinished event block are pending: any line since the last blank
+    /// one, data or not (an `id:`, `retry:` or comment line belongs to the block it opens, so
+    /// releasing it early would make that block's event impossible to remove; found by fuzzing).
     pub fn in_event(&self) -> bool {
-        self.has_data || !self.line.is_empty() || self.pending_cr
+        self.pos > self.event_start || self.pending_cr
     }
 }
 
@@ -303,6 +307,19 @@ mod tests {
         r.feed(b"\n\n", |e| got.push((e.data.len(), e.truncated)));
         assert_eq!(got, [(0, true)]);
         assert!(r.line.capacity() < 256, "{}", r.line.capacity());
+    }
+
+    /// Empty `data` lines add a newline each: they count against the cap like any data.
+    #[test]
+    fn empty_data_lines_cannot_grow_the_buffer() {
+        let mut r = SseReader::new(8);
+        let mut got = Vec::new();
+        for _ in 0..10_000 {
+            r.feed(b"data\n", |_| {});
+        }
+        assert!(r.data.capacity() <= 64, "{}", r.data.capacity());
+        r.feed(b"\n", |e| got.push((e.data.len(), e.truncated)));
+        assert_eq!(got, [(0, true)]);
     }
 
     /// With a small cap, every split of a stream with over-long comment and data lines gives
