@@ -25,3 +25,6 @@ export GOODPUT_DEPLOY_PYTHON
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
 cargo test --release --tests
+# The fuzz targets (fuzz/, cargo-fuzz on nightly), briefly: they keep compiling and their
+# properties keep holding; RELIABILITY.md has the long runs.
+scripts/fuzz.sh "${GOODPUT_FUZZ_SECS:-30}"
