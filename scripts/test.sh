@@ -28,3 +28,6 @@ cargo test --release --tests
 # The fuzz targets (fuzz/, cargo-fuzz on nightly), briefly: they keep compiling and their
 # properties keep holding; RELIABILITY.md has the long runs.
 scripts/fuzz.sh "${GOODPUT_FUZZ_SECS:-30}"
+# Supply chain: cargo-deny (licenses, bans, sources; advisories where the database can be
+# fetched) and yanked versions.
+scripts/deny.sh
