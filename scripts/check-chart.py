@@ -47,6 +47,8 @@ VALUE_SETS = {
             ]
         },
         "goodput": {
+            "adminTokenSecret": {"name": "goodput-admin", "key": "token"},
+            "shutdownGraceSeconds": 60,
             "config": {
                 "classes": {
                     "interactive": {"ttft_p95_ms": 300, "tpot_p95_ms": 40, "objective": "cheapest"},
@@ -108,6 +110,21 @@ def check_objects(name, objs, values, goodput_bin, out):
     for k in ("requests", "limits"):
         if not gp["resources"].get(k):
             fail(f"{name}: goodput has no resource {k}")
+    # SIGTERM drains for the grace period; the kubelet must not SIGKILL before it ends.
+    grace = int(values.get("goodput", {}).get("shutdownGraceSeconds", 30))
+    args = gp["args"]
+    if int(args[args.index("--shutdown-grace-secs") + 1]) != grace:
+        fail(f"{name}: goodput's --shutdown-grace-secs is not {grace}: {args}")
+    if dep["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30) <= grace:
+        fail(f"{name}: terminationGracePeriodSeconds does not exceed the drain of {grace} s")
+    secret = values.get("goodput", {}).get("adminTokenSecret", {}).get("name")
+    env = {e["name"]: e for e in gp.get("env", [])}
+    if secret:
+        ref = env.get("GOODPUT_ADMIN_TOKEN", {}).get("valueFrom", {}).get("secretKeyRef", {})
+        if ref.get("name") != secret:
+            fail(f"{name}: the admin token does not come from Secret {secret}: {env}")
+    elif "GOODPUT_ADMIN_TOKEN" in env:
+        fail(f"{name}: an admin token without adminTokenSecret")
     mode = values.get("mode", "sidecar")
     if mode == "sidecar":
         v = cs.get("vllm") or fail(f"{name}: no vllm container in sidecar mode")

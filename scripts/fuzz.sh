@@ -36,7 +36,8 @@ for t in "${targets[@]}"; do
     echo "fuzz: $t FAILED (input under fuzz/artifacts/$t/)" >&2
     exit 1
   fi
-  runs="$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$' || echo '?')"
+  stat() { grep -o "stat::$1: *[0-9]*" "$log" | grep -o '[0-9]*$' || echo '?'; }
   cov="$(grep -o 'cov: [0-9]*' "$log" | tail -1 || true)"
-  echo "fuzz: $t ok: $runs runs in ${SECS}s, $cov" >&2
+  echo "fuzz: $t ok: $(stat number_of_executed_units) runs in ${SECS}s, $cov," \
+    "corpus $(ls "$scratch/$t" "fuzz/corpus/$t" | wc -l) inputs, peak RSS $(stat peak_rss_mb) MB" >&2
 done

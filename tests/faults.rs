@@ -411,6 +411,12 @@ async fn client_faults_are_contained() {
         "the upstream wrote {stuck} of {total} bytes to a client reading nothing"
     );
     let rss1 = metric(&gp.metrics().await, "process_resident_memory_bytes", &[]);
+    eprintln!(
+        "slow reader: upstream wrote {:.1} MiB of {:.0} MiB; goodput RSS +{:.1} MiB",
+        stuck as f64 / 1048576.0,
+        total as f64 / 1048576.0,
+        (rss1 - rss0) / 1048576.0
+    );
     assert!(
         rss1 - rss0 < 32.0 * 1024.0 * 1024.0,
         "RSS grew {} MiB under a slow reader",

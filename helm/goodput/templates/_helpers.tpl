@@ -52,10 +52,16 @@ app.kubernetes.io/component: {{ .Values.mode }}
 - name: goodput
   image: {{ include "goodput.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
-  args: ["serve", "--config", "/etc/goodput/goodput.yaml"]
+  args: ["serve", "--config", "/etc/goodput/goodput.yaml", "--shutdown-grace-secs", {{ .Values.goodput.shutdownGraceSeconds | quote }}]
   env:
     - name: RUST_LOG
       value: {{ .Values.goodput.logLevel | quote }}
+    {{- with .Values.goodput.adminTokenSecret.name }}
+    # /admin/* requires this bearer token (the admin port listens on the pod network).
+    - name: GOODPUT_ADMIN_TOKEN
+      valueFrom:
+        secretKeyRef: {name: {{ . | quote }}, key: {{ $.Values.goodput.adminTokenSecret.key | quote }}}
+    {{- end }}
   ports:
     - {name: http, containerPort: {{ .Values.goodput.port }}, protocol: TCP}
     - {name: admin, containerPort: {{ .Values.goodput.adminPort }}, protocol: TCP}
@@ -122,6 +128,8 @@ initContainers:
 {{- end -}}
 
 {{- define "goodput.podExtras" -}}
+# SIGTERM drains in-flight streams for shutdownGraceSeconds; the kubelet must wait longer.
+terminationGracePeriodSeconds: {{ add .Values.goodput.shutdownGraceSeconds 5 }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
