@@ -34,18 +34,26 @@ where
     addr
 }
 
+/// A complete HTTP/1.1 head at the front of `buf`: (its length less the blank line, the status
+/// for a response, the content-length).
+fn head_of(buf: &[u8]) -> Option<(usize, u16, usize)> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Some((end, status, len))
+}
+
 /// Read one request (head and content-length body) off the socket.
 async fn read_request(s: &mut TcpStream) -> bool {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
-        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
+        if let Some((end, _, len)) = head_of(&buf) {
             while buf.len() < end + 4 + len {
                 match s.read(&mut chunk).await {
                     Ok(0) | Err(_) => return false,
@@ -551,14 +559,7 @@ impl http_body::Body for Chunked {
 fn parse_responses(buf: &[u8]) -> Vec<(u16, Vec<u8>)> {
     let mut out = Vec::new();
     let mut rest = buf;
-    while let Some(end) = rest.windows(4).position(|w| w == b"\r\n\r\n") {
-        let head = String::from_utf8_lossy(&rest[..end]).to_ascii_lowercase();
-        let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
-        let len: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0);
+    while let Some((end, status, len)) = head_of(rest) {
         if rest.len() < end + 4 + len {
             break;
         }

@@ -125,13 +125,12 @@ pub fn inject_include_usage(body: &[u8], info: &RequestInfo) -> Option<Vec<u8>> 
     }
     // stream_options exists (e.g. continuous_usage_stats, or include_usage:false): merge it,
     // and only it; every other member keeps the client's bytes.
-    replace_member(body, "stream_options", |old| {
-        let mut so = match old.map(|r| serde_json::from_str::<serde_json::Value>(r.get())) {
-            Some(Ok(serde_json::Value::Object(o))) => o,
-            _ => serde_json::Map::new(),
-        };
-        so.insert("include_usage".into(), serde_json::Value::Bool(true));
-        serde_json::to_string(&so).ok()
+    replace_member(body, "stream_options", |old| match old {
+        Some(so) if so.get().starts_with('{') => {
+            replace_member(so.get().as_bytes(), "include_usage", |_| Some("true".into()))
+                .and_then(|v| String::from_utf8(v).ok())
+        }
+        _ => Some(r#"{"include_usage":true}"#.into()),
     })
 }
 
@@ -220,6 +219,12 @@ mod tests {
         assert_eq!(
             std::str::from_utf8(&out).unwrap(),
             r#"{"ex":455555.55555505555555554,"model":"a","big":123456789012345678901234567890,"stream_options":{"continuous_usage_stats":true,"include_usage":true}}"#
+        );
+        let body = br#"{"stream":true,"stream_options":{"x":1.0000000000001e32,"include_usage":false}}"#;
+        let out = inject_include_usage(body, &RequestInfo::parse(body)).unwrap();
+        assert_eq!(
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"stream":true,"stream_options":{"x":1.0000000000001e32,"include_usage":true}}"#
         );
         assert_eq!(rewrite_model(b"{}", "m").unwrap(), br#"{"model":"m"}"#);
         assert_eq!(rewrite_model(b"[1]", "m"), None);
