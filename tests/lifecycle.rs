@@ -94,6 +94,22 @@ async fn limits_answer_503_with_retry_after_and_431() {
     assert_eq!(records.iter().filter(|r| r["outcome"] == "rejected" && r["status"] == 503).count(), 1);
 }
 
+/// The process's exit status, which must come within `limit` of `since`.
+async fn exit_within(
+    gp: &mut Goodput,
+    since: Instant,
+    limit: Duration,
+    what: &str,
+) -> std::process::ExitStatus {
+    loop {
+        if let Some(s) = gp.child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(since.elapsed() < limit, "goodput did not exit {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn sigterm(gp: &Goodput) {
     // SAFETY: kill has no memory-safety preconditions.
     assert_eq!(unsafe { libc::kill(gp.child.id() as i32, libc::SIGTERM) }, 0);
@@ -124,14 +140,7 @@ async fn sigterm_drains_in_flight_streams_then_exits() {
     assert!(r.text().ends_with("data: [DONE]\n\n"));
     assert_eq!(sim.cancelled(), 0);
 
-    let t = Instant::now();
-    let status = loop {
-        if let Some(s) = gp.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(t.elapsed() < Duration::from_secs(5), "goodput did not exit after draining");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = exit_within(&mut gp, Instant::now(), Duration::from_secs(5), "after draining").await;
     assert!(status.success(), "{status}");
     // Both requests reached the metrics before the process ended.
     let log = gp.log();
@@ -153,13 +162,7 @@ async fn sigterm_grace_period_bounds_the_drain() {
     sigterm(&gp);
     let r = stream.await.unwrap();
     assert!(r.error.is_some() || !r.text().ends_with("data: [DONE]\n\n"), "a 20 s stream finished in 1 s?");
-    loop {
-        if gp.child.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(t.elapsed() < Duration::from_secs(4), "the grace period did not bound the drain");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    exit_within(&mut gp, t, Duration::from_secs(4), "within the grace period").await;
     let deadline = Instant::now() + Duration::from_secs(2);
     while sim.cancelled() == 0 {
         assert!(Instant::now() < deadline, "the cut stream's generation was not cancelled upstream");
