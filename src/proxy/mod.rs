@@ -165,6 +165,8 @@ impl Proxy {
             .and_then(|v| v.parse::<u64>().ok());
         if declared_len.is_some_and(|l| l > limit) {
             self.metrics.body_too_large.inc();
+            let mut body = body;
+            linger(&mut body).await;
             return too_large(limit);
         }
         headers::strip_hop_by_hop(&mut parts.headers);
@@ -479,6 +481,22 @@ enum BodyRead {
 /// Read a metered request body whole, within `limit`. Past the limit, keep reading and
 /// discarding what the client is still sending for a short while (nginx's lingering close):
 /// a client that is mid-upload then reads the 413 instead of a connection reset.
+/// Before a 413, read (and discard) what the client is still sending, for up to 1 s or 64 MiB,
+/// as nginx's lingering close does: closing on unread data resets the connection, and the
+/// reset can destroy the 413 before the client reads it.
+async fn linger(body: &mut Incoming) {
+    let drain = async {
+        let mut discarded = 0usize;
+        while let Some(Ok(f)) = body.frame().await {
+            discarded += f.data_ref().map_or(0, |d| d.len());
+            if discarded > 64 * 1024 * 1024 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+}
+
 async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, BodyRead> {
     let mut first: Option<Bytes> = None;
     let mut more: Option<bytes::BytesMut> = None;
@@ -487,16 +505,7 @@ async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, BodyRead> 
         let Ok(data) = frame.map_err(|_| BodyRead::Failed)?.into_data() else { continue };
         len += data.len();
         if len > limit {
-            let drain = async {
-                let mut discarded = 0usize;
-                while let Some(Ok(f)) = body.frame().await {
-                    discarded += f.data_ref().map_or(0, |d| d.len());
-                    if discarded > 64 * 1024 * 1024 {
-                        break;
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+            linger(&mut body).await;
             return Err(BodyRead::TooLarge);
         }
         // The usual body is one frame: keep it as it came, copy only from the second on.
