@@ -85,10 +85,24 @@ async fn byte_transparent_for_every_path() {
             r#"{"model": "m1", "messages": [oops"#,
         ),
     ];
-    for (path, method, canned, body) in cases {
+    // A burst: every event at once, so several upstream chunks arrive in one read.
+    let mut burst = canned_sse(&chat_stream_with_usage(), Duration::ZERO);
+    burst.gap = Duration::ZERO;
+    let mut cases = cases;
+    cases.push((
+        "/v1/chat/completions",
+        "POST",
+        burst,
+        r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
+    ));
+    // Both upstream paths: goodput's own HTTP/1.1 client (metered requests to http://
+    // backends, the default) and the general pooled client.
+    for ((path, method, canned, body), direct) in
+        cases.iter().cloned().map(|c| (c, true)).chain(cases.iter().cloned().map(|c| (c, false)))
+    {
         let expected: Vec<u8> = canned.frames.iter().flat_map(|f| f.to_vec()).collect();
         let (up, seen) = spawn_canned(vec![(path, canned)]).await;
-        let gp = Goodput::start(&config_for(up, ""));
+        let gp = Goodput::start(&config_for(up, &format!("upstream: {{direct: {direct}}}\n")));
         let req = Request::builder()
             .method(method)
             .uri(path)
@@ -100,7 +114,7 @@ async fn byte_transparent_for_every_path() {
             .body(Full::new(Bytes::from(body.to_string())))
             .unwrap();
         let r = send(gp.proxy, req).await;
-        assert_eq!(r.body.as_ref(), expected.as_slice(), "{method} {path}: body differs");
+        assert_eq!(r.body.as_ref(), expected.as_slice(), "{method} {path} (direct: {direct}): body differs");
         assert!(r.error.is_none(), "{path}: {:?}", r.error);
         assert_eq!(r.headers["x-upstream"], "canned");
         let (p, h, b) = seen.requests.lock().unwrap()[0].clone();
@@ -261,9 +275,12 @@ async fn first_byte_timeout_is_504() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_timeout_and_reset_end_stream_without_invented_bytes() {
-    for (then, outcome, extra) in
-        [(Then::Stall, "timeout", "timeouts:\n  idle_ms: 300\n"), (Then::Reset, "upstream_reset", "")]
-    {
+    // The reset on both upstream paths (goodput's own HTTP/1.1 client, the pooled client).
+    for (then, outcome, extra) in [
+        (Then::Stall, "timeout", "timeouts:\n  idle_ms: 300\n"),
+        (Then::Reset, "upstream_reset", ""),
+        (Then::Reset, "upstream_reset", "upstream: {direct: false}\n"),
+    ] {
         let canned = Canned { then, ..canned_sse(&CHAT_STREAM[..2], Duration::from_millis(5)) };
         let (up, _) = spawn_canned(vec![("/v1/chat/completions", canned)]).await;
         let gp = Goodput::start(&config_for(up, extra));

@@ -44,6 +44,24 @@ pub struct Config {
     pub quality: QualityConfig,
     /// TLS to `https://` backends. Read at start-up only.
     pub upstream_tls: UpstreamTls,
+    pub upstream: UpstreamClient,
+}
+
+/// How requests reach the backends.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct UpstreamClient {
+    /// Metered requests (chat and completions) to `http://` backends go over goodput's own
+    /// HTTP/1.1 connections, read in the client connection's task: one write to the client
+    /// per upstream read, as nginx does. false: every request uses the general pooled client
+    /// (hyper), which hands a stream over one chunk at a time.
+    pub direct: bool,
+}
+
+impl Default for UpstreamClient {
+    fn default() -> Self {
+        UpstreamClient { direct: true }
+    }
 }
 
 /// `https://` backends are verified against the system's roots and these.
@@ -71,6 +89,7 @@ impl Default for Config {
             routing: RoutingConfig::default(),
             quality: QualityConfig::default(),
             upstream_tls: UpstreamTls::default(),
+            upstream: UpstreamClient::default(),
         }
     }
 }

@@ -21,6 +21,8 @@ pub struct ResolvedBackend {
     pub origin: String,
     /// Path prefix of the backend URL, without a trailing slash (usually empty).
     pub base_path: String,
+    /// host:port of an `http://` backend: the direct path's pool key and Host header.
+    pub authority: Option<Arc<str>>,
     models: HashMap<String, Arc<str>>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub headers: HeaderMap,
@@ -277,6 +279,11 @@ impl ConfigHandle {
                 uri.authority().map(|a| a.as_str()).unwrap_or_default()
             );
             let base_path = uri.path().trim_end_matches('/').to_string();
+            let authority = match (uri.scheme_str(), uri.authority()) {
+                (Some("http") | None, Some(a)) if a.port().is_some() => Some(Arc::from(a.as_str())),
+                (Some("http") | None, Some(a)) => Some(Arc::from(format!("{}:80", a.host()))),
+                _ => None,
+            };
             let tokenizer = match &b.tokenizer {
                 None => None,
                 Some(p) => {
@@ -318,6 +325,7 @@ impl ConfigHandle {
                 name: Arc::from(b.name.as_str()),
                 origin,
                 base_path,
+                authority,
                 models,
                 tokenizer,
                 headers,

@@ -13,6 +13,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
+use super::direct::DirectBody;
 use crate::meter::observe::ResponseMeter;
 use crate::meter::record::{Outcome, RequestRecord, TokenSource};
 use crate::meter::recorder::Recorder;
@@ -31,6 +32,42 @@ impl std::fmt::Display for IdleTimeout {
 
 impl std::error::Error for IdleTimeout {}
 
+/// The upstream's response body: from hyper's pooled client, or read by goodput's own
+/// HTTP/1.1 client in this task (`direct.rs`).
+pub enum FromUpstream {
+    Hyper(Incoming),
+    Direct(DirectBody),
+}
+
+impl Body for FromUpstream {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        match self.get_mut() {
+            FromUpstream::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+            FromUpstream::Direct(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            FromUpstream::Hyper(b) => b.is_end_stream(),
+            FromUpstream::Direct(b) => b.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            FromUpstream::Hyper(b) => b.size_hint(),
+            FromUpstream::Direct(b) => b.size_hint(),
+        }
+    }
+}
+
 /// Per-request metering state; absent for paths that are only forwarded.
 pub struct Metering {
     pub meter: ResponseMeter,
@@ -42,7 +79,7 @@ pub struct Metering {
 }
 
 pub struct MeteredBody {
-    inner: Incoming,
+    inner: FromUpstream,
     metering: Option<Box<Metering>>,
     /// Counts the request as outstanding at its backend until the body is dropped; with
     /// metering, the request's final outcome goes to the backend's circuit breaker.
@@ -51,11 +88,17 @@ pub struct MeteredBody {
     idle_after: Duration,
     tail: Option<Bytes>,
     ended: bool,
+    /// Something (the response head, then data) was handed to hyper since this body last
+    /// returned `Pending`, the point at which hyper flushes. hyper drops what it has not
+    /// flushed when a body fails, so an upstream error waits for one flush first.
+    unflushed: bool,
+    /// An upstream error held back for that flush.
+    deferred: Option<BoxError>,
 }
 
 impl MeteredBody {
     pub fn new(
-        inner: Incoming,
+        inner: FromUpstream,
         metering: Option<Box<Metering>>,
         dispatch: Option<Dispatch>,
         idle_after: Duration,
@@ -68,6 +111,8 @@ impl MeteredBody {
             idle_after,
             tail: None,
             ended: false,
+            unflushed: true,
+            deferred: None,
         }
     }
 
@@ -146,8 +191,12 @@ impl Body for MeteredBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
+        if let Some(e) = this.deferred.take() {
+            return Poll::Ready(Some(Err(e)));
+        }
         loop {
             if let Some(t) = this.tail.take() {
+                this.unflushed = true;
                 return Poll::Ready(Some(Ok(Frame::data(t))));
             }
             if this.ended {
@@ -163,6 +212,7 @@ impl Body for MeteredBody {
                         this.finish(Some(Outcome::Timeout));
                         return Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_after)))));
                     }
+                    this.unflushed = false;
                     return Poll::Pending;
                 }
                 Poll::Ready(None) => {
@@ -175,9 +225,17 @@ impl Body for MeteredBody {
                         (m.on_upstream_error)("reset");
                     }
                     this.finish(Some(Outcome::UpstreamReset));
-                    return Poll::Ready(Some(Err(Box::new(e))));
+                    if this.unflushed {
+                        // The bytes that did arrive reach the client before the cut.
+                        this.deferred = Some(e);
+                        this.unflushed = false;
+                        cx.waker().wake_by_ref();
+                        return Poll::Pending;
+                    }
+                    return Poll::Ready(Some(Err(e)));
                 }
                 Poll::Ready(Some(Ok(frame))) => {
+                    this.unflushed = true;
                     let now = Instant::now();
                     this.idle.as_mut().reset((now + this.idle_after).into());
                     let frame = match frame.into_data() {
@@ -206,11 +264,11 @@ impl Body for MeteredBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.ended && self.tail.is_none()
+        self.ended && self.tail.is_none() && self.deferred.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {
-        if self.ended {
+        if self.ended && self.deferred.is_none() {
             return SizeHint::with_exact(self.tail.as_ref().map_or(0, |t| t.len() as u64));
         }
         // Exact only when no byte can be taken out.

@@ -2,10 +2,13 @@
 //!
 //! Path of a request: `serve` accepts a connection (HTTP/1.1 or h2c) → `Proxy::handle`:
 //! admission (body limit; metered paths read the JSON body and may add include_usage) →
-//! `forward` to the upstream over the pooled client → the response goes back with its body
-//! wrapped in `MeteredBody`, which meters it on the fly and emits one `RequestRecord`.
+//! route → send upstream: metered requests to http:// backends over goodput's own HTTP/1.1
+//! client (`direct`), everything else over hyper's pooled client → the response goes back
+//! with its body wrapped in `MeteredBody`, which meters it on the fly and emits one
+//! `RequestRecord`.
 
 pub mod body;
+pub mod direct;
 pub mod headers;
 pub mod tls;
 
@@ -31,7 +34,7 @@ use crate::meter::recorder::Recorder;
 use crate::openai::request::rewrite_model;
 use crate::openai::{Operation, RequestInfo, inject_include_usage};
 use crate::route::{Dispatch, Router, SloHeaders};
-use body::{MeteredBody, Metering};
+use body::{FromUpstream, MeteredBody, Metering};
 
 pub type UpstreamBody = Either<Full<Bytes>, Limited<Incoming>>;
 pub type ProxyBody = Either<MeteredBody, Full<Bytes>>;
@@ -42,6 +45,8 @@ pub struct Proxy {
     pub metrics: Metrics,
     pub router: Router,
     client: Client<tls::Connector, UpstreamBody>,
+    /// Metered requests to http:// backends (see direct.rs).
+    direct: Arc<direct::DirectClient>,
     ready: AtomicBool,
     /// Set on SIGTERM: /readyz answers 503 so that load balancers stop sending.
     pub draining: AtomicBool,
@@ -87,6 +92,7 @@ impl Proxy {
             router: Router::new(metrics.route_decisions.clone()),
             metrics,
             client,
+            direct: direct::DirectClient::new(1024, Duration::from_secs(90)),
             ready: AtomicBool::new(false),
             draining: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
@@ -313,6 +319,9 @@ impl Proxy {
             for (k, v) in &backend.headers {
                 headers.insert(k.clone(), v.clone());
             }
+            // The direct path: a metered request (body in memory) to an http:// backend.
+            let direct_to = backend.authority.as_ref().filter(|_| cfg.upstream.direct && op.is_some());
+            let mut body_bytes = None;
             let upstream_body = match (&replay, streamed.take()) {
                 (Some(bytes), _) => {
                     let mut bytes = bytes.clone();
@@ -327,10 +336,15 @@ impl Proxy {
                     if op.is_some() {
                         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
                     }
-                    Either::Left(Full::new(bytes))
+                    if direct_to.is_some() {
+                        body_bytes = Some(bytes);
+                        None
+                    } else {
+                        Some(Either::Left(Full::new(bytes)))
+                    }
                 }
-                (None, Some(s)) => Either::Right(s),
-                (None, None) => Either::Left(Full::new(Bytes::new())),
+                (None, Some(s)) => Some(Either::Right(s)),
+                (None, None) => Some(Either::Left(Full::new(Bytes::new()))),
             };
             if let Some((record, _, _)) = &mut metering {
                 record.backend = backend.name.clone();
@@ -340,21 +354,43 @@ impl Proxy {
                 };
                 record.model = backend.model_label(effective);
             }
-            let mut upstream_req = Request::new(upstream_body);
-            *upstream_req.method_mut() = parts.method.clone();
-            *upstream_req.uri_mut() = uri;
-            *upstream_req.headers_mut() = headers;
-            *upstream_req.version_mut() = http::Version::HTTP_11;
             let t_send = Instant::now();
             // Time in the proxy before the upstream call; reading the body is the client's time.
             if let Some((record, _, _)) = &mut metering {
                 record.overhead = t_send.duration_since(t0).saturating_sub(client_time);
             }
-            let result = tokio::time::timeout(
-                Duration::from_millis(timeouts.first_byte_ms),
-                self.client.request(upstream_req),
-            )
-            .await;
+            let first_byte = Duration::from_millis(timeouts.first_byte_ms);
+            let result = match (direct_to, upstream_body, &body_bytes) {
+                (Some(authority), _, Some(bytes)) => {
+                    let mut target = String::with_capacity(backend.base_path.len() + pq.len());
+                    target.push_str(&backend.base_path);
+                    target.push_str(pq);
+                    let req = direct::Request {
+                        authority,
+                        method: &parts.method,
+                        target: &target,
+                        headers: &headers,
+                        body: bytes,
+                        connect_timeout: Duration::from_millis(timeouts.connect_ms),
+                    };
+                    tokio::time::timeout(first_byte, self.direct.send(req)).await.map(|r| {
+                        r.map(|r| r.map(FromUpstream::Direct))
+                            .map_err(|e| classify_direct(&e, timeouts.connect_ms))
+                    })
+                }
+                (_, upstream_body, _) => {
+                    let upstream_body =
+                        upstream_body.unwrap_or_else(|| Either::Left(Full::new(Bytes::new())));
+                    let mut upstream_req = Request::new(upstream_body);
+                    *upstream_req.method_mut() = parts.method.clone();
+                    *upstream_req.uri_mut() = uri;
+                    *upstream_req.headers_mut() = headers;
+                    *upstream_req.version_mut() = http::Version::HTTP_11;
+                    tokio::time::timeout(first_byte, self.client.request(upstream_req)).await.map(|r| {
+                        r.map(|r| r.map(FromUpstream::Hyper)).map_err(|e| classify(&e, timeouts.connect_ms))
+                    })
+                }
+            };
             let (status, kind, outcome, msg) = match result {
                 Ok(Ok(r)) => break (r, backend, dispatch, choice.reason),
                 Err(_) => (
@@ -363,7 +399,7 @@ impl Proxy {
                     Outcome::Timeout,
                     format!("upstream sent no response headers within {} ms", timeouts.first_byte_ms),
                 ),
-                Ok(Err(e)) => classify(&e, timeouts.connect_ms),
+                Ok(Err(e)) => e,
             };
             backend.state.report(false);
             let before_any_byte = matches!(kind, "connect" | "timeout_connect");
@@ -544,6 +580,30 @@ fn find_source<T: std::error::Error + 'static>(mut e: &(dyn std::error::Error + 
             Some(s) => e = s,
             None => return false,
         }
+    }
+}
+
+/// Map a direct-path error to (status, metric kind, outcome, message), as `classify` does.
+fn classify_direct(e: &direct::DirectError, connect_ms: u64) -> (StatusCode, &'static str, Outcome, String) {
+    match e {
+        direct::DirectError::ConnectTimeout => (
+            StatusCode::GATEWAY_TIMEOUT,
+            "timeout_connect",
+            Outcome::Timeout,
+            format!("could not connect to the upstream within {connect_ms} ms"),
+        ),
+        direct::DirectError::Connect(e) => (
+            StatusCode::BAD_GATEWAY,
+            "connect",
+            Outcome::ConnectError,
+            format!("could not connect to the upstream: {e}"),
+        ),
+        direct::DirectError::Upstream(s) => (
+            StatusCode::BAD_GATEWAY,
+            "protocol",
+            Outcome::UpstreamReset,
+            format!("upstream failed before answering: {s}"),
+        ),
     }
 }
 
