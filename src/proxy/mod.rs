@@ -37,6 +37,13 @@ use crate::route::{Dispatch, Router, SloHeaders};
 use body::{FromUpstream, MeteredBody, Metering};
 
 pub type UpstreamBody = Either<Full<Bytes>, Limited<Incoming>>;
+
+/// How one attempt goes upstream: goodput's own HTTP/1.1 client (to this authority, with the
+/// body in memory) or hyper's pooled client.
+enum Outgoing<'a> {
+    Direct(&'a Arc<str>, Bytes),
+    Pooled(UpstreamBody),
+}
 pub type ProxyBody = Either<MeteredBody, Full<Bytes>>;
 
 pub struct Proxy {
@@ -321,8 +328,7 @@ impl Proxy {
             }
             // The direct path: a metered request (body in memory) to an http:// backend.
             let direct_to = backend.authority.as_ref().filter(|_| cfg.upstream.direct && op.is_some());
-            let mut body_bytes = None;
-            let upstream_body = match (&replay, streamed.take()) {
+            let outgoing = match (&replay, streamed.take()) {
                 (Some(bytes), _) => {
                     let mut bytes = bytes.clone();
                     // One public model name over backends that serve different models.
@@ -336,15 +342,13 @@ impl Proxy {
                     if op.is_some() {
                         headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
                     }
-                    if direct_to.is_some() {
-                        body_bytes = Some(bytes);
-                        None
-                    } else {
-                        Some(Either::Left(Full::new(bytes)))
+                    match direct_to {
+                        Some(authority) => Outgoing::Direct(authority, bytes),
+                        None => Outgoing::Pooled(Either::Left(Full::new(bytes))),
                     }
                 }
-                (None, Some(s)) => Some(Either::Right(s)),
-                (None, None) => Some(Either::Left(Full::new(Bytes::new()))),
+                (None, Some(s)) => Outgoing::Pooled(Either::Right(s)),
+                (None, None) => Outgoing::Pooled(Either::Left(Full::new(Bytes::new()))),
             };
             if let Some((record, _, _)) = &mut metering {
                 record.backend = backend.name.clone();
@@ -360,8 +364,8 @@ impl Proxy {
                 record.overhead = t_send.duration_since(t0).saturating_sub(client_time);
             }
             let first_byte = Duration::from_millis(timeouts.first_byte_ms);
-            let result = match (direct_to, upstream_body, &body_bytes) {
-                (Some(authority), _, Some(bytes)) => {
+            let result = match outgoing {
+                Outgoing::Direct(authority, bytes) => {
                     let mut target = String::with_capacity(backend.base_path.len() + pq.len());
                     target.push_str(&backend.base_path);
                     target.push_str(pq);
@@ -370,7 +374,7 @@ impl Proxy {
                         method: &parts.method,
                         target: &target,
                         headers: &headers,
-                        body: bytes,
+                        body: &bytes,
                         connect_timeout: Duration::from_millis(timeouts.connect_ms),
                     };
                     tokio::time::timeout(first_byte, self.direct.send(req)).await.map(|r| {
@@ -378,10 +382,8 @@ impl Proxy {
                             .map_err(|e| classify_direct(&e, timeouts.connect_ms))
                     })
                 }
-                (_, upstream_body, _) => {
-                    let upstream_body =
-                        upstream_body.unwrap_or_else(|| Either::Left(Full::new(Bytes::new())));
-                    let mut upstream_req = Request::new(upstream_body);
+                Outgoing::Pooled(body) => {
+                    let mut upstream_req = Request::new(body);
                     *upstream_req.method_mut() = parts.method.clone();
                     *upstream_req.uri_mut() = uri;
                     *upstream_req.headers_mut() = headers;
