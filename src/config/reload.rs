@@ -21,7 +21,8 @@ pub struct ResolvedBackend {
     pub origin: String,
     /// Path prefix of the backend URL, without a trailing slash (usually empty).
     pub base_path: String,
-    /// host:port of an `http://` backend: the direct path's pool key and Host header.
+    /// The authority of an `http://` backend (host[:port]): the direct path's pool key, the
+    /// address it connects to (port 80 when none is given) and its Host header.
     pub authority: Option<Arc<str>>,
     models: HashMap<String, Arc<str>>,
     pub tokenizer: Option<Arc<Tokenizer>>,
@@ -280,8 +281,7 @@ impl ConfigHandle {
             );
             let base_path = uri.path().trim_end_matches('/').to_string();
             let authority = match (uri.scheme_str(), uri.authority()) {
-                (Some("http") | None, Some(a)) if a.port().is_some() => Some(Arc::from(a.as_str())),
-                (Some("http") | None, Some(a)) => Some(Arc::from(format!("{}:80", a.host()))),
+                (Some("http") | None, Some(a)) => Some(Arc::from(a.as_str())),
                 _ => None,
             };
             let tokenizer = match &b.tokenizer {

@@ -64,7 +64,8 @@ pub struct DirectClient {
 }
 
 pub struct Request<'a> {
-    /// host:port, which is also the Host header.
+    /// host[:port] (port 80 when absent), which is also the Host header unless `headers`
+    /// sets one.
     pub authority: &'a Arc<str>,
     pub method: &'a http::Method,
     /// Path and query, with the backend's base path in front.
@@ -167,7 +168,11 @@ fn still_open(stream: &TcpStream) -> bool {
 }
 
 async fn connect(authority: &str, timeout: Duration) -> Result<TcpStream, DirectError> {
-    let stream = tokio::time::timeout(timeout, TcpStream::connect(authority))
+    let a: http::uri::Authority = authority
+        .parse()
+        .map_err(|e| DirectError::Connect(io::Error::new(io::ErrorKind::InvalidInput, e)))?;
+    let addr = format!("{}:{}", a.host(), a.port_u16().unwrap_or(80));
+    let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
         .await
         .map_err(|_| DirectError::ConnectTimeout)?
         .map_err(DirectError::Connect)?;
@@ -182,7 +187,11 @@ fn encode(req: &Request<'_>) -> Vec<u8> {
     w.push(b' ');
     w.extend_from_slice(req.target.as_bytes());
     w.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    w.extend_from_slice(req.authority.as_bytes());
+    // A Host the backend's config sets (virtual hosting) wins, as with hyper's client.
+    match req.headers.get(http::header::HOST) {
+        Some(h) => w.extend_from_slice(h.as_bytes()),
+        None => w.extend_from_slice(req.authority.as_bytes()),
+    }
     w.extend_from_slice(b"\r\n");
     for (k, v) in req.headers {
         // The body is sent whole with its length; the framing is ours.
@@ -757,6 +766,17 @@ mod tests {
             "POST /v1/chat/completions HTTP/1.1\r\nhost: 10.0.0.1:8000\r\ncontent-type: application/json\r\n\
              content-length: 2\r\n\r\n{}"
         );
+        headers.insert("host", HeaderValue::from_static("models.internal"));
+        let wire = encode(&Request {
+            authority: &authority,
+            method: &http::Method::POST,
+            target: "/v1/chat/completions",
+            headers: &headers,
+            body: &body,
+            connect_timeout: Duration::from_secs(1),
+        });
+        assert!(wire.starts_with(b"POST /v1/chat/completions HTTP/1.1\r\nhost: models.internal\r\n"));
+        assert_eq!(wire.windows(5).filter(|w| w.eq_ignore_ascii_case(b"host:")).count(), 1);
     }
 
     /// A raw upstream: answers each request on a connection with `answer`, counting
