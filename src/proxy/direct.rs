@@ -745,6 +745,22 @@ mod tests {
         assert!(parse_head(b"SSH-2.0-OpenSSH\r\n\r\n", false).is_err());
     }
 
+    fn post<'a>(
+        authority: &'a Arc<str>,
+        target: &'a str,
+        headers: &'a HeaderMap,
+        body: &'a Bytes,
+    ) -> Request<'a> {
+        Request {
+            authority,
+            method: &http::Method::POST,
+            target,
+            headers,
+            body,
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+
     #[test]
     fn request_encoding() {
         let mut headers = HeaderMap::new();
@@ -753,28 +769,14 @@ mod tests {
         headers.insert("expect", HeaderValue::from_static("100-continue"));
         let authority: Arc<str> = Arc::from("10.0.0.1:8000");
         let body = Bytes::from_static(b"{}");
-        let wire = encode(&Request {
-            authority: &authority,
-            method: &http::Method::POST,
-            target: "/v1/chat/completions",
-            headers: &headers,
-            body: &body,
-            connect_timeout: Duration::from_secs(1),
-        });
+        let wire = encode(&post(&authority, "/v1/chat/completions", &headers, &body));
         assert_eq!(
             std::str::from_utf8(&wire).unwrap(),
             "POST /v1/chat/completions HTTP/1.1\r\nhost: 10.0.0.1:8000\r\ncontent-type: application/json\r\n\
              content-length: 2\r\n\r\n{}"
         );
         headers.insert("host", HeaderValue::from_static("models.internal"));
-        let wire = encode(&Request {
-            authority: &authority,
-            method: &http::Method::POST,
-            target: "/v1/chat/completions",
-            headers: &headers,
-            body: &body,
-            connect_timeout: Duration::from_secs(1),
-        });
+        let wire = encode(&post(&authority, "/v1/chat/completions", &headers, &body));
         assert!(wire.starts_with(b"POST /v1/chat/completions HTTP/1.1\r\nhost: models.internal\r\n"));
         assert_eq!(wire.windows(5).filter(|w| w.eq_ignore_ascii_case(b"host:")).count(), 1);
     }
@@ -817,14 +819,7 @@ mod tests {
         let headers = HeaderMap::new();
         let body = Bytes::from_static(b"{}");
         let r = client
-            .send(Request {
-                authority,
-                method: &http::Method::POST,
-                target: "/v1/completions",
-                headers: &headers,
-                body: &body,
-                connect_timeout: Duration::from_secs(2),
-            })
+            .send(post(authority, "/v1/completions", &headers, &body))
             .await
             .map_err(|e| e.to_string())?;
         let status = r.status();
@@ -886,16 +881,7 @@ mod tests {
         assert!(err.contains("invalid response head"), "{err}");
         let closed = Arc::from("127.0.0.1:1");
         assert!(matches!(
-            client
-                .send(Request {
-                    authority: &closed,
-                    method: &http::Method::POST,
-                    target: "/",
-                    headers: &HeaderMap::new(),
-                    body: &Bytes::new(),
-                    connect_timeout: Duration::from_secs(2),
-                })
-                .await,
+            client.send(post(&closed, "/", &HeaderMap::new(), &Bytes::new())).await,
             Err(DirectError::Connect(_))
         ));
     }
