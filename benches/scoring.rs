@@ -4,6 +4,8 @@
 //! scripts/bench-scoring.sh runs it beside Python onnxruntime and llama.cpp on the same model.
 //! Prints one JSON line per shape: median tokens/s over BENCH_REPS runs (default 7). With
 //! GOODPUT_EMBED_DIR (scripts/setup-embeddings.sh) also the sentence encoder's sentences/s.
+//! BENCH_DEVICE=cuda:N runs the LM on a GPU (a build with `--features cuda`; scripts/gpu-check.sh),
+//! BENCH_SHAPES="1x512 8x128 32x512" sets the batch shapes.
 
 use goodput::config::Device;
 use goodput::quality::lm::{LmAssets, LmOptions, ReferenceLm};
@@ -19,7 +21,18 @@ fn main() {
     let threads: usize = std::env::var("BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
     let reps: usize = std::env::var("BENCH_REPS").ok().and_then(|v| v.parse().ok()).unwrap_or(7);
     let assets = Arc::new(LmAssets::load(&dir).expect("model assets"));
-    let opts = LmOptions { device: Device::Cpu, intra_op_threads: threads, ..Default::default() };
+    let device: Device =
+        std::env::var("BENCH_DEVICE").unwrap_or_else(|_| "cpu".into()).parse().expect("BENCH_DEVICE");
+    let shapes: Vec<(usize, usize)> = std::env::var("BENCH_SHAPES")
+        .unwrap_or_else(|_| "1x512 8x128".into())
+        .split_whitespace()
+        .map(|s| {
+            s.split_once('x')
+                .and_then(|(b, s)| Some((b.parse().ok()?, s.parse().ok()?)))
+                .expect("BENCH_SHAPES")
+        })
+        .collect();
+    let opts = LmOptions { device, intra_op_threads: threads, ..Default::default() };
     let mut lm = ReferenceLm::load(&dir, assets, &opts).expect("model");
     // Fixed pseudo-random ids (same generator as scripts/bench/scoring.py: LCG mod 49152).
     let ids = |n: usize, seed: u64| -> Vec<u32> {
@@ -34,7 +47,8 @@ fn main() {
     if let Some(edir) = std::env::var_os("GOODPUT_EMBED_DIR").map(PathBuf::from) {
         embedding(&edir, threads, reps);
     }
-    for (b, s) in [(1usize, 512usize), (8, 128)] {
+    let dev = if device == Device::Cpu { String::new() } else { format!(",\"device\":\"{device:?}\"") };
+    for (b, s) in shapes {
         let rows: Vec<Vec<u32>> = (0..b).map(|i| ids(s, i as u64 + 1)).collect();
         let refs: Vec<&[u32]> = rows.iter().map(|r| r.as_slice()).collect();
         lm.next_token_logprobs(&refs).expect("warm-up run");
@@ -48,7 +62,7 @@ fn main() {
             .collect();
         rates.sort_by(f64::total_cmp);
         println!(
-            "{{\"impl\":\"goodput (ort)\",\"shape\":\"{b}x{s}\",\"threads\":{threads},\"tokens_per_s\":{:.1}}}",
+            "{{\"impl\":\"goodput (ort)\",\"shape\":\"{b}x{s}\",\"threads\":{threads}{dev},\"tokens_per_s\":{:.1}}}",
             rates[reps / 2]
         );
     }

@@ -24,6 +24,9 @@ GOODPUT_DEPLOY_PYTHON="$(scripts/setup-deploy-check.sh | tail -1)"
 export GOODPUT_DEPLOY_PYTHON
 cargo fmt --all -- --check
 cargo clippy --release --all-targets -- -D warnings
+# The `cuda` build too (tests/cuda.rs, the CUDA provider's code): CI has no GPU to run it on;
+# scripts/gpu-check.sh runs it on one.
+cargo clippy --release --all-targets --features cuda -- -D warnings
 cargo test --release --tests
 # The fuzz targets (fuzz/, cargo-fuzz on nightly), briefly: they keep compiling and their
 # properties keep holding; RELIABILITY.md has the long runs.

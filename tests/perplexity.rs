@@ -128,6 +128,51 @@ fn ppl_reports_a_missing_library_or_model_clearly() {
     assert!(e.contains("/nonexistent-model/tokenizer.json"), "{e}");
 }
 
+#[test]
+fn cuda_that_cannot_be_used_fails_clearly_or_falls_back_when_allowed() {
+    // This machine has no GPU and the CPU build of ONNX Runtime: goodput built without the
+    // `cuda` feature says so; one built with it relays ONNX Runtime's refusal (tests/cuda.rs and
+    // scripts/gpu-check.sh cover a real GPU).
+    let m = model_env();
+    let out = Command::new(env!("CARGO_BIN_EXE_goodput"))
+        .args(["ppl", "--device", "cuda:0", "--model"])
+        .arg(&m.dir)
+        .arg("--onnxruntime")
+        .arg(&m.ort)
+        .arg(PARAGRAPH)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        e.contains("built without the `cuda` feature")
+            || e.contains("device cuda:0: CUDA execution provider"),
+        "{e}"
+    );
+    let gp = Goodput::start_logged(
+        &format!(
+            "backends:\n  - name: sim\n    url: http://127.0.0.1:9\n    models: [sim-model]\n{}",
+            quality_yaml(&m, "").replace(
+                "  perplexity:\n",
+                "  perplexity:\n    device: cuda:0\n    allow_cpu_fallback: true\n"
+            )
+        ),
+        &[],
+        &[("RUST_LOG", "info")],
+    );
+    // The scorer loads in the background while the proxy already serves.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let log = loop {
+        let log = gp.log();
+        if log.contains("perplexity scorer ready") || Instant::now() > deadline {
+            break log;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(log.contains("Cuda(0) unavailable, falling back to the CPU"), "{log}");
+    assert!(log.contains("perplexity scorer ready") && log.contains("device=Cpu"), "{log}");
+}
+
 fn quality_yaml(m: &Model, extra: &str) -> String {
     format!(
         "quality:\n  window_secs: 600\n{extra}  perplexity:\n    model_dir: {}\n    onnxruntime: {}\n    max_response_tokens: 256\n",

@@ -271,10 +271,17 @@ fn open(env: &Environment, model: &Path, opts: &LmOptions, device: Device) -> Re
         Device::Cpu => {}
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => {
-            b = b.with_execution_providers([ort::ep::CUDA::default()
-                .with_device_id(n)
-                .build()
-                .error_on_failure()])?;
+            b = b
+                .with_execution_providers([ort::ep::CUDA::default()
+                    .with_device_id(n)
+                    .build()
+                    .error_on_failure()])
+                .map_err(|e| {
+                    err(format!(
+                        "device cuda:{n}: {e} (the CUDA provider needs onnxruntime-gpu's libonnxruntime.so, \
+                         ORT_GPU=1 scripts/setup-onnxruntime.sh, and CUDA 13's libraries on the loader path)"
+                    ))
+                })?;
         }
         #[cfg(not(feature = "cuda"))]
         Device::Cuda(_) => {
