@@ -202,8 +202,16 @@ def quality():
     )
     b.panel(
         "Scoring time per response",
-        [(f"histogram_quantile({q}, sum by (le) (rate(goodput_scoring_duration_seconds_bucket[{RI}])))", f"p{int(q * 100)}") for q in (0.5, 0.95)],
+        [(f"histogram_quantile({q}, sum by (le) (rate(goodput_scoring_duration_seconds_bucket[{RI}])))", f"p{int(q * 100)}") for q in (0.5, 0.95)]
+,
         "s",
+        description="From leaving the queue to the score, the model call of its batch included.",
+    )
+    b.panel(
+        "Scorer batch size",
+        [(f"sum(rate(goodput_scoring_batch_size_sum[{RI}])) / sum(rate(goodput_scoring_batch_size_count[{RI}]))", "responses per model call")],
+        "short",
+        description="On a GPU one model call scores what waits in the queue, up to perplexity.max_batch; near 1 with a full queue means the scorer cannot batch.",
     )
     b.panel(
         "Quality-weighted goodput (95% Wilson interval)",

@@ -332,3 +332,69 @@ fn a_model_with_logits_only_scores_the_same() {
     // not be).
     assert!(rel(pa, pb) < 1e-3, "token_logprobs {pa} vs logits {pb}");
 }
+
+#[test]
+fn batched_scoring_equals_one_response_at_a_time() {
+    use goodput::config::QualityConfig;
+    use goodput::meter::metrics::Metrics;
+    use goodput::openai::Operation;
+    use goodput::quality::scorer::{ScoreJob, Scorer};
+    use goodput::quality::{QualityEvent, Subject};
+
+    let m = model_env();
+    // Unequal lengths, so that a batch is right-padded; the first is the longest, so that the
+    // rest queue up while it is scored and go into one batch.
+    let replies = [
+        "Paris is the capital of France. It lies on the Seine, and about two million people live in the city itself, more in the region around it.",
+        "Blue.",
+        "The mitochondria is the powerhouse of the cell.",
+        "banana keyboard swiftly the of purple seventeen",
+        "Water boils at 100 degrees Celsius at sea level.",
+    ];
+    let run = |max_batch: usize| -> (Vec<(u64, f64, f64)>, String) {
+        let cfg: QualityConfig = serde_yaml_ng::from_str(&format!(
+            "queue_capacity: 16\nperplexity:\n  model_dir: {}\n  onnxruntime: {}\n  max_batch: {max_batch}\n",
+            m.dir.display(),
+            m.ort.display()
+        ))
+        .unwrap();
+        let metrics = Metrics::new();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let scorer = Scorer::start(&cfg, metrics.clone(), tx).unwrap().unwrap();
+        for (i, reply) in replies.iter().enumerate() {
+            let of = Subject {
+                id: i as u64,
+                backend: "b".into(),
+                model: "m".into(),
+                route: "default".into(),
+                class: "default".into(),
+            };
+            let request = chat(&format!("Question {i}?")).into();
+            assert!(scorer.offer(ScoreJob {
+                of,
+                operation: Operation::Chat,
+                request,
+                response: reply.to_string()
+            }));
+        }
+        let mut out: Vec<(u64, f64, f64)> = (0..replies.len())
+            .map(|_| match rx.recv_timeout(Duration::from_secs(60)).expect("scored") {
+                QualityEvent::Perplexity(r) => (r.of.id, r.perplexity, r.bits_per_byte),
+                QualityEvent::Consistency(_) => unreachable!(),
+            })
+            .collect();
+        out.sort_by_key(|r| r.0);
+        (out, metrics.encode())
+    };
+    let (one, _) = run(1);
+    let (batched, text) = run(8);
+    // Fewer model calls than responses: the batch path really ran.
+    let calls = metric(&text, "goodput_scoring_batch_size_count", &[]);
+    assert_eq!(metric(&text, "goodput_scoring_batch_size_sum", &[]), replies.len() as f64);
+    assert!(calls < replies.len() as f64, "{calls} model calls for {} responses", replies.len());
+    for (a, b) in one.iter().zip(&batched) {
+        assert!(rel(b.1, a.1) < 1e-4, "response {}: perplexity {} alone, {} batched", a.0, a.1, b.1);
+        assert!(rel(b.2, a.2) < 1e-4, "response {}: bits/byte {} alone, {} batched", a.0, a.2, b.2);
+    }
+    assert!(one[3].1 > one[0].1 * 5.0, "word salad scores above fluent text: {one:?}");
+}

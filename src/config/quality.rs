@@ -62,6 +62,17 @@ pub struct PerplexityConfig {
     /// Prompt tokens kept as context at most (the oldest are cut).
     #[serde(default = "default_max_prompt")]
     pub max_prompt_tokens: usize,
+    /// Responses scored together in one model call, taken from what already waits in the queue
+    /// (a thread never waits for a batch to fill). Default 1 on the CPU, where a batch buys
+    /// little; 16 on CUDA, where one call of 16 costs little more than a call of one.
+    #[serde(default)]
+    pub max_batch: Option<usize>,
+}
+
+impl PerplexityConfig {
+    pub fn max_batch_for(&self, device: Device) -> usize {
+        self.max_batch.unwrap_or(if device == Device::Cpu { 1 } else { 16 }).max(1)
+    }
 }
 
 fn default_device() -> String {

@@ -61,6 +61,7 @@ pub struct Metrics {
     pub scoring_dropped: IntCounterVec,
     pub scoring_failed: IntCounterVec,
     pub scoring_duration: Histogram,
+    pub scoring_batch_size: Histogram,
     pub shadow_requests: IntCounterVec,
     pub shadow_tokens: IntCounterVec,
     pub shadow_skipped: IntCounterVec,
@@ -173,12 +174,21 @@ impl Metrics {
         let scoring_duration = Histogram::with_opts(
             HistogramOpts::new(
                 "goodput_scoring_duration_seconds",
-                "Time a scoring thread spent on one response (tokenize, render, model run).",
+                "Time from taking a response off the queue to its score (render, tokenize, the model call of its batch).",
             )
             .buckets(prometheus::exponential_buckets(0.005, 2.0, 14).expect("valid buckets")),
         )
         .expect("valid histogram");
         reg.register(Box::new(scoring_duration.clone())).expect("unique metric");
+        let scoring_batch_size = Histogram::with_opts(
+            HistogramOpts::new(
+                "goodput_scoring_batch_size",
+                "Responses scored together in one model call (perplexity.max_batch caps it).",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0]),
+        )
+        .expect("valid histogram");
+        reg.register(Box::new(scoring_batch_size.clone())).expect("unique metric");
         Metrics {
             ttft: hist(
                 &reg,
@@ -309,6 +319,7 @@ impl Metrics {
                 &["scorer"],
             ),
             scoring_duration,
+            scoring_batch_size,
             shadow_requests: counter(
                 &reg,
                 "goodput_shadow_requests_total",

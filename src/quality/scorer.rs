@@ -42,7 +42,12 @@ pub struct Scorer {
 struct Limits {
     max_prompt: usize,
     max_response: usize,
+    max_batch: usize,
 }
+
+/// Padded tokens per model call at most: the graph's logits are [batch, len, vocab] floats
+/// (SmolLM2: 8,192 tokens make 1.6 GB), so long rows go in smaller batches.
+const MAX_BATCH_TOKENS: usize = 8192;
 
 impl Scorer {
     /// Load the reference model once per thread. Blocking (seconds): call it off the async
@@ -76,7 +81,11 @@ impl Scorer {
                 metrics.clone(),
                 ready_tx.clone(),
             );
-            let limits = Limits { max_prompt: p.max_prompt_tokens, max_response: p.max_response_tokens };
+            let limits = Limits {
+                max_prompt: p.max_prompt_tokens,
+                max_response: p.max_response_tokens,
+                max_batch: p.max_batch_for(device),
+            };
             std::thread::Builder::new()
                 .name(format!("goodput-score-{i}"))
                 .spawn(move || {
@@ -142,40 +151,91 @@ fn run(
     limits: Limits,
 ) {
     loop {
-        // The lock is held only while waiting for a job, by scoring threads only.
-        let job = match rx.lock().unwrap_or_else(|p| p.into_inner()).recv() {
-            Ok(j) => j,
-            Err(_) => return,
-        };
-        metrics.scoring_queue_depth.dec();
-        let t = Instant::now();
-        let labels = job.of.labels();
-        match score_response(&mut lm, job.operation, &job.request, &job.response, &limits) {
-            Ok(Some(s)) => {
-                let p = s.totals.perplexities();
-                metrics.scoring_duration.observe(t.elapsed().as_secs_f64());
-                metrics.response_perplexity.with_label_values(&labels).observe(p.token_perplexity);
-                metrics.response_bits_per_byte.with_label_values(&labels).observe(p.bits_per_byte);
-                metrics.scored.with_label_values(&labels).inc();
-                metrics.scored_tokens.with_label_values(&labels).inc_by(p.tokens);
-                let _ = results.send(QualityEvent::Perplexity(QualityResult {
-                    of: job.of.clone(),
-                    perplexity: p.token_perplexity,
-                    bits_per_byte: p.bits_per_byte,
-                    tokens: p.tokens,
-                    truncated: s.truncated,
-                }));
+        // The lock is held only while taking jobs, by scoring threads only: one job waited for,
+        // then whatever else already waits, up to max_batch.
+        let jobs = {
+            let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
+            let Ok(first) = rx.recv() else { return };
+            let mut jobs = vec![first];
+            while jobs.len() < limits.max_batch {
+                match rx.try_recv() {
+                    Ok(j) => jobs.push(j),
+                    Err(_) => break,
+                }
             }
-            Ok(None) => metrics.scoring_dropped.with_label_values(&["nothing_to_score"]).inc(),
-            Err(e) => {
-                metrics.scoring_failed.with_label_values(&["perplexity"]).inc();
-                tracing::warn!(error = %e, backend = %job.of.backend, "perplexity scoring failed");
+            jobs
+        };
+        metrics.scoring_queue_depth.sub(jobs.len() as i64);
+        let t = Instant::now();
+        let mut ready: Vec<(ScoreJob, Prepared)> = Vec::with_capacity(jobs.len());
+        for job in jobs {
+            match prepare(&lm.assets, job.operation, &job.request, &job.response, &limits) {
+                Ok(Some(p)) => ready.push((job, p)),
+                Ok(None) => metrics.scoring_dropped.with_label_values(&["nothing_to_score"]).inc(),
+                Err(e) => fail(&metrics, &job, &e),
+            }
+        }
+        while !ready.is_empty() {
+            let n = batch_len(ready.iter().map(|(_, p)| p.row.len()));
+            let batch: Vec<(ScoreJob, Prepared)> = ready.drain(..n).collect();
+            let rows: Vec<&[u32]> = batch.iter().map(|(_, p)| p.row.as_slice()).collect();
+            metrics.scoring_batch_size.observe(rows.len() as f64);
+            match lm.next_token_logprobs(&rows) {
+                Ok(lps) => {
+                    let took = t.elapsed().as_secs_f64();
+                    for ((job, mut p), lp) in batch.into_iter().zip(lps) {
+                        p.totals.add_logprobs(lp.get(p.prompt_len - 1..).unwrap_or_default());
+                        report(&metrics, &results, job, &p, took);
+                    }
+                }
+                Err(e) => batch.iter().for_each(|(job, _)| fail(&metrics, job, &e)),
             }
         }
     }
 }
 
-struct Scored {
+/// How many of the rows (in order, at least one) go into one model call: all padded to the
+/// longest, at most MAX_BATCH_TOKENS in all.
+fn batch_len(lens: impl Iterator<Item = usize>) -> usize {
+    let mut longest = 0;
+    let mut n = 0;
+    for len in lens {
+        longest = longest.max(len);
+        if n > 0 && longest * (n + 1) > MAX_BATCH_TOKENS {
+            break;
+        }
+        n += 1;
+    }
+    n.max(1)
+}
+
+fn report(metrics: &Metrics, results: &Sender<QualityEvent>, job: ScoreJob, s: &Prepared, took: f64) {
+    let labels = job.of.labels();
+    let p = s.totals.perplexities();
+    metrics.scoring_duration.observe(took);
+    metrics.response_perplexity.with_label_values(&labels).observe(p.token_perplexity);
+    metrics.response_bits_per_byte.with_label_values(&labels).observe(p.bits_per_byte);
+    metrics.scored.with_label_values(&labels).inc();
+    metrics.scored_tokens.with_label_values(&labels).inc_by(p.tokens);
+    let _ = results.send(QualityEvent::Perplexity(QualityResult {
+        of: job.of,
+        perplexity: p.token_perplexity,
+        bits_per_byte: p.bits_per_byte,
+        tokens: p.tokens,
+        truncated: s.truncated,
+    }));
+}
+
+fn fail(metrics: &Metrics, job: &ScoreJob, e: &LmError) {
+    metrics.scoring_failed.with_label_values(&["perplexity"]).inc();
+    tracing::warn!(error = %e, backend = %job.of.backend, "perplexity scoring failed");
+}
+
+/// A response ready for the model: the prompt's and the response's token ids in one row.
+struct Prepared {
+    row: Vec<u32>,
+    prompt_len: usize,
+    /// Words and bytes of the scored text; the log-likelihoods are added after the model call.
     totals: Totals,
     truncated: bool,
 }
@@ -183,14 +243,13 @@ struct Scored {
 /// Perplexity of the response tokens conditioned on the prompt: chat messages rendered with the
 /// reference model's chat template, a completion prompt after the BOS token. `None` when there
 /// is nothing to score (empty response, or a prompt given as token ids of another tokenizer).
-fn score_response(
-    lm: &mut ReferenceLm,
+fn prepare(
+    assets: &LmAssets,
     op: Operation,
     request: &[u8],
     response: &str,
     limits: &Limits,
-) -> Result<Option<Scored>, LmError> {
-    let assets = lm.assets.clone();
+) -> Result<Option<Prepared>, LmError> {
     let body: serde_json::Value =
         serde_json::from_slice(request).map_err(|e| LmError(format!("request body: {e}")))?;
     let mut prompt = match op {
@@ -226,16 +285,30 @@ fn score_response(
         return Ok(None);
     }
     let truncated = resp.len() > limits.max_response;
-    let mut totals = if truncated {
+    let totals = if truncated {
         resp.truncate(limits.max_response);
         let kept = assets.tokenizer.decode(&resp, false).map_err(|e| LmError(format!("tokenizer: {e}")))?;
         Totals::for_text(&kept)
     } else {
         Totals::for_text(response)
     };
-    let p = prompt.len();
+    let prompt_len = prompt.len();
     let row: Vec<u32> = prompt.into_iter().chain(resp.iter().copied()).collect();
-    let lps = lm.next_token_logprobs(&[&row])?;
-    totals.add_logprobs(&lps[0][p - 1..]);
-    Ok(Some(Scored { totals, truncated }))
+    Ok(Some(Prepared { row, prompt_len, totals, truncated }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_are_cut_at_the_padded_token_budget() {
+        assert_eq!(batch_len([10, 20, 30].into_iter()), 3);
+        // 4 rows padded to 2048 = 8192 tokens: the fifth would pass the budget.
+        assert_eq!(batch_len([2048; 6].into_iter()), 4);
+        // A longer row later shrinks what fits: 3 x 3000 > 8192.
+        assert_eq!(batch_len([100, 100, 3000, 100].into_iter()), 2);
+        // One row over the budget on its own still goes (alone).
+        assert_eq!(batch_len([20_000, 10].into_iter()), 1);
+    }
 }
