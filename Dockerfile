@@ -28,6 +28,14 @@ RUN pip install --no-cache-dir "${ORT_PACKAGE}==${ORT_VERSION}" \
  && mkdir -p /opt/onnxruntime \
  && cp -L "$(python -c 'import glob, os, onnxruntime; print(sorted(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime*.so*")))[-1])')" /opt/onnxruntime/libonnxruntime.so \
  && cp -L $(python -c 'import glob, os, onnxruntime; print(" ".join(glob.glob(os.path.join(os.path.dirname(onnxruntime.__file__), "capi", "libonnxruntime_providers_*.so"))))' ) /opt/onnxruntime/ 2>/dev/null || true
+# The CUDA image: CUDA 13's runtime, cuBLAS and cuRAND beside the provider (goodput loads them
+# from there before it); the NVIDIA device plugin mounts the driver (libcuda.so.1) at run time.
+RUN if [ "${ORT_PACKAGE}" = onnxruntime-gpu ]; then \
+      pip install --no-cache-dir "nvidia-cuda-runtime~=13.0" "nvidia-cublas~=13.0" "nvidia-curand~=10.0" \
+      && lib="$(python -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))')" \
+      && for l in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libcurand.so.10; do \
+           cp -L "$lib/$l" /opt/onnxruntime/; done; \
+    fi
 
 # The reference model (SmolLM2-135M-Instruct, converted from its GGUF by the project's own
 # scripts; no model hub is needed): what the scorer's init container copies.

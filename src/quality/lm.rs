@@ -43,6 +43,9 @@ fn err(msg: impl Into<String>) -> LmError {
 }
 
 static ENV: OnceLock<Result<Environment, LmError>> = OnceLock::new();
+/// The library ENV was loaded from: CUDA's libraries may sit beside it.
+#[cfg(feature = "cuda")]
+static ORT_LIB: OnceLock<PathBuf> = OnceLock::new();
 
 /// Load ONNX Runtime once per process from `lib`, else from ORT_DYLIB_PATH. A missing or wrong
 /// library is an error with the path in it, never a panic.
@@ -58,6 +61,8 @@ pub fn environment(lib: Option<&Path>) -> Result<&'static Environment, LmError> 
         if !path.is_file() {
             return Err(err(format!("ONNX Runtime library {} does not exist", path.display())));
         }
+        #[cfg(feature = "cuda")]
+        let _ = ORT_LIB.set(path.clone());
         let builder = ort::init_from(&path)
             .map_err(|e| err(format!("cannot load ONNX Runtime from {}: {e}", path.display())))?;
         builder.with_name("goodput").build().map_err(LmError::from)
@@ -265,12 +270,53 @@ pub(crate) fn session_builder(
         .with_intra_op_spinning(false)?)
 }
 
+/// The CUDA 13 libraries onnxruntime's CUDA provider links to, in load order.
+#[cfg(feature = "cuda")]
+const CUDA_LIBRARIES: [&str; 4] =
+    ["libcudart.so.13", "libcublasLt.so.13", "libcublas.so.13", "libcurand.so.10"];
+
+/// Where CUDA's libraries sit beside libonnxruntime.so (`ORT_GPU=1 scripts/setup-onnxruntime.sh`
+/// and the CUDA image put them there), load them first, by path and globally: onnxruntime loads
+/// its CUDA provider by path, and the provider then finds them loaded by name. Its own search
+/// would miss them (it has no RUNPATH), so without this they must be on LD_LIBRARY_PATH.
+#[cfg(feature = "cuda")]
+fn preload_cuda_libraries(dir: &Path) {
+    use std::os::unix::ffi::OsStrExt;
+    static DONE: std::sync::Once = std::sync::Once::new();
+    DONE.call_once(|| {
+        for name in CUDA_LIBRARIES {
+            let path = dir.join(name);
+            let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { continue };
+            if !path.is_file() {
+                continue;
+            }
+            // SAFETY: loads a shared library by path; the handle is never closed, so the library
+            // stays mapped for the life of the process, as the provider that links to it needs.
+            let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+            if handle.is_null() {
+                // SAFETY: dlerror returns a thread-local C string (or null) describing the failure.
+                let why = unsafe { libc::dlerror() };
+                let why = if why.is_null() {
+                    String::new()
+                } else {
+                    // SAFETY: non-null dlerror results are NUL-terminated strings.
+                    unsafe { std::ffi::CStr::from_ptr(why) }.to_string_lossy().into_owned()
+                };
+                tracing::warn!(library = %path.display(), error = %why, "could not load a CUDA library");
+            }
+        }
+    });
+}
+
 fn open(env: &Environment, model: &Path, opts: &LmOptions, device: Device) -> Result<Session, LmError> {
     let mut b = session_builder(env, opts.intra_op_threads)?;
     match device {
         Device::Cpu => {}
         #[cfg(feature = "cuda")]
         Device::Cuda(n) => {
+            if let Some(dir) = ORT_LIB.get().and_then(|p| p.parent()) {
+                preload_cuda_libraries(dir);
+            }
             b = b
                 .with_execution_providers([ort::ep::CUDA::default()
                     .with_device_id(n)
@@ -278,8 +324,10 @@ fn open(env: &Environment, model: &Path, opts: &LmOptions, device: Device) -> Re
                     .error_on_failure()])
                 .map_err(|e| {
                     err(format!(
-                        "device cuda:{n}: {e} (the CUDA provider needs onnxruntime-gpu's libonnxruntime.so, \
-                         ORT_GPU=1 scripts/setup-onnxruntime.sh, and CUDA 13's libraries on the loader path)"
+                        "device cuda:{n}: {e} (the CUDA provider needs the NVIDIA driver's libcuda.so.1, and \
+                         onnxruntime-gpu's libonnxruntime.so with CUDA 13's runtime, cuBLAS and \
+                         cuRAND beside it or on LD_LIBRARY_PATH: ORT_GPU=1 \
+                         scripts/setup-onnxruntime.sh installs those)"
                     ))
                 })?;
         }
