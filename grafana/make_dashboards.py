@@ -202,8 +202,7 @@ def quality():
     )
     b.panel(
         "Scoring time per response",
-        [(f"histogram_quantile({q}, sum by (le) (rate(goodput_scoring_duration_seconds_bucket[{RI}])))", f"p{int(q * 100)}") for q in (0.5, 0.95)]
-,
+        [(f"histogram_quantile({q}, sum by (le) (rate(goodput_scoring_duration_seconds_bucket[{RI}])))", f"p{int(q * 100)}") for q in (0.5, 0.95)],
         "s",
         description="From leaving the queue to the score, the model call of its batch included.",
     )
