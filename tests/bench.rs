@@ -122,9 +122,10 @@ async fn failures_are_counted_and_reported() {
     assert!(!ok, "no request succeeded: a failed run");
     assert!(text.contains("HTTP 500"), "{text}");
     assert_eq!(r["failed"], 5);
+    let (_refusing, refused) = refusing_port();
     let (ok, _, text) = bench(&[
         "--target",
-        &format!("http://127.0.0.1:{}", free_port()),
+        &format!("http://127.0.0.1:{refused}"),
         "--rate",
         "10",
         "--num-requests",

@@ -240,7 +240,7 @@ async fn client_disconnect_cancels_upstream_within_100ms() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_refused_is_502_with_openai_error() {
-    let port = free_port();
+    let (_refusing, port) = refusing_port();
     let gp = Goodput::start_with("", &["--upstream", &format!("http://127.0.0.1:{port}")]);
     let r = send(gp.proxy, post_json("/v1/chat/completions", r#"{"model":"m","messages":[]}"#)).await;
     assert_eq!(r.status, 502);
@@ -456,11 +456,12 @@ async fn metrics_latency_goodput_and_label_bounds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_upstream() {
-    let port = free_port();
+    let (refusing, port) = refusing_port();
     let gp = Goodput::start_with("", &["--upstream", &format!("http://127.0.0.1:{port}")]);
     let get = |p: &'static str| Request::get(p).body(Full::default()).unwrap();
     assert_eq!(send(gp.admin, get("/healthz")).await.status, 200);
     assert_eq!(send(gp.admin, get("/readyz")).await.status, 503);
+    drop(refusing);
     let (_addr, _sim) = goodput::sim::spawn(Default::default(), &format!("127.0.0.1:{port}")).await.unwrap();
     let t = Instant::now();
     while send(gp.admin, get("/readyz")).await.status != 200 {

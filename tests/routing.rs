@@ -178,7 +178,7 @@ async fn classes_route_shift_on_degradation_and_come_back() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_failures_fail_over_and_open_the_circuit() {
-    let dead = free_port();
+    let (_refusing, dead) = refusing_port();
     let gp = Goodput::start(&format!(
         r#"
 backends:

@@ -140,6 +140,16 @@ pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// A loopback port that refuses connections for as long as the returned socket lives: bound,
+/// never listening, so no concurrently running test can take it over (a port merely found free
+/// could be bound by another test's listener a moment later).
+pub fn refusing_port() -> (tokio::net::TcpSocket, u16) {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let port = s.local_addr().unwrap().port();
+    (s, port)
+}
+
 /// The in-process simulator as an upstream, with fixed delays and output length.
 pub async fn spawn_sim(
     ttft_ms: f64,
