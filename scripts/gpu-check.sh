@@ -8,8 +8,9 @@
 #      `goodput bench` load: responses scored, none failed, and the latency next to no scoring
 #      and to the simulator reached directly.
 # Needs ORT_DYLIB_PATH = onnxruntime-gpu's libonnxruntime.so (default: ORT_GPU=1
-# scripts/setup-onnxruntime.sh) with CUDA 13's libraries on the loader path or in NVIDIA's PyPI
-# wheels (found below), and GOODPUT_MODEL_DIR (default: scripts/setup-models.sh). Built with
+# scripts/setup-onnxruntime.sh, which puts CUDA 13's libraries beside it; a library from
+# elsewhere needs them on the loader path, which below also takes from a Python environment's
+# NVIDIA wheels), and GOODPUT_MODEL_DIR (default: scripts/setup-models.sh). Built with
 # cargo `--features cuda` unless GOODPUT_BIN, CUDA_TEST_BIN and SCORING_BENCH_BIN name prebuilt
 # binaries (a GPU machine without a Rust toolchain). Writes results to ${GPU_OUT:-target/gpu}.
 set -uo pipefail
@@ -41,10 +42,10 @@ if [ -z "${GOODPUT_BIN:-}" ]; then
     python3 -c 'import json,sys; print([m["executable"] for m in map(json.loads, sys.stdin) if m.get("executable")][-1])')"
 fi
 
-# CUDA 13's libraries from NVIDIA's PyPI wheels (torch's, or nvidia-*-cu13), where the system has none.
+# What the CUDA provider links to, from NVIDIA's PyPI wheels in this Python (torch's, say).
 cuda_dirs="$(python3 - <<'PY' 2>/dev/null
 import glob, os, site, sys
-want = ["libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcurand.so.10", "libcufft.so.12", "libcudnn.so.9"]
+want = ["libcudart.so.13", "libcublas.so.13", "libcublasLt.so.13", "libcurand.so.10"]
 roots = site.getsitepackages() + [site.getusersitepackages()] + sys.path
 dirs = []
 for r in roots:

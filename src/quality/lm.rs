@@ -286,10 +286,10 @@ fn preload_cuda_libraries(dir: &Path) {
     DONE.call_once(|| {
         for name in CUDA_LIBRARIES {
             let path = dir.join(name);
-            let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { continue };
             if !path.is_file() {
                 continue;
             }
+            let Ok(c) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { continue };
             // SAFETY: loads a shared library by path; the handle is never closed, so the library
             // stays mapped for the life of the process, as the provider that links to it needs.
             let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
