@@ -207,6 +207,15 @@ def quality():
         description="From leaving the queue to the score, the model call of its batch included.",
     )
     b.panel(
+        "Scoring CPU and its budget",
+        [
+            (f"sum by (scorer) (rate(goodput_scoring_cpu_seconds_total[{RI}]))", "{{scorer}}"),
+            ("max(goodput_scoring_cpu_budget_cores)", "budget (quality.max_cpu)"),
+        ],
+        "short",
+        description="Cores the scorers keep busy. At the budget they rest between responses and drop what is sampled meanwhile (dropped cpu_budget above).",
+    )
+    b.panel(
         "Scorer batch size",
         [(f"sum(rate(goodput_scoring_batch_size_sum[{RI}])) / sum(rate(goodput_scoring_batch_size_count[{RI}]))", "responses per model call")],
         "short",

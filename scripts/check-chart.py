@@ -32,7 +32,7 @@ VALUE_SETS = {
         "goodput": {"config": {"quality": {"consistency": {"sample_rate": 0.01, "methods": ["unigram"]}}}},
     },
     "sidecar-gpu-scorer-pvc": {
-        "scorer": {"enabled": True, "gpu": True, "model": {"source": "pvc", "pvc": {"claimName": "goodput-models"}}},
+        "scorer": {"enabled": True, "gpu": True, "maxCpu": 2, "model": {"source": "pvc", "pvc": {"claimName": "goodput-models"}}},
         "image": {"tag": "0.1.0-cuda"},
     },
     "router-default": {"mode": "router"},
@@ -145,7 +145,10 @@ def check_objects(name, objs, values, goodput_bin, out):
     if scorer.get("enabled"):
         if "models" not in {m["name"] for m in gp["volumeMounts"]}:
             fail(f"{name}: scorer enabled but no model volume")
-        dev = yaml.safe_load(cm["data"]["goodput.yaml"])["quality"]["perplexity"]["device"]
+        quality = yaml.safe_load(cm["data"]["goodput.yaml"])["quality"]
+        dev = quality["perplexity"]["device"]
+        if quality.get("max_cpu") != scorer.get("maxCpu", 0.5):
+            fail(f"{name}: quality.max_cpu {quality.get('max_cpu')}, values say {scorer.get('maxCpu', 0.5)}")
         want = "cuda:0" if scorer.get("gpu") else "cpu"
         if dev != want or (scorer.get("gpu") and gp["resources"]["limits"].get("nvidia.com/gpu") != 1):
             fail(f"{name}: scorer device {dev}, resources {gp['resources']}")

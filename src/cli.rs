@@ -264,8 +264,10 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     // Runtime library is a start-up error, not a silent gap in the quality metrics.
     let (results_tx, results_rx) = std::sync::mpsc::channel();
     let results_tx_c = results_tx.clone();
-    let (qcfg, m2) = (cfg.quality.clone(), metrics.clone());
-    let scorer = tokio::task::spawn_blocking(move || Scorer::start(&qcfg, m2, results_tx))
+    // One CPU budget for every scorer (perplexity threads and the embedding thread).
+    let budget = std::sync::Arc::new(crate::quality::budget::CpuBudget::new(cfg.quality.cpu_budget()));
+    let (qcfg, m2, b2) = (cfg.quality.clone(), metrics.clone(), budget.clone());
+    let scorer = tokio::task::spawn_blocking(move || Scorer::start(&qcfg, m2, results_tx, b2))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("perplexity scorer: {e}"))?;
@@ -297,9 +299,13 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             results_tx_c,
             embedder,
             connector.clone(),
+            budget.clone(),
         )
     });
     let sampling = Sampling { perplexity: scorer.is_some(), consistency: checker.is_some() };
+    if sampling.perplexity || sampling.consistency {
+        metrics.scoring_cpu_budget.set(budget.cores());
+    }
     let quality = (sampling.perplexity || sampling.consistency).then(|| QualityLink {
         scorer,
         checker: checker.clone(),

@@ -76,6 +76,7 @@ routes:
 routing: {{exploration: 0.1, min_samples: 5, min_quality_samples: 3}}
 quality:
   sample_rate: 0.3
+  max_cpu: 8
   perplexity: {{model_dir: "{dir}", onnxruntime: "{ort}"}}
   consistency: {{sample_rate: 0.2, samples: 2, methods: [unigram], max_token_share: 1.0, max_concurrent: 2}}
 "#

@@ -70,7 +70,7 @@ async fn embedding_method_scores_checks_behind_the_proxy() {
     let (sim, _) = spawn_sim(0.0, 0.0, 24).await;
     let gp = Goodput::start(&format!(
         "backends:\n  - name: sim\n    url: http://{sim}\n    models: [sim-model]\n\
-         quality:\n  consistency:\n    sample_rate: 1.0\n    max_token_share: 100.0\n    methods: [embedding]\n\
+         quality:\n  max_cpu: 8\n  consistency:\n    sample_rate: 1.0\n    max_token_share: 100.0\n    methods: [embedding]\n\
          \x20   embedding_model_dir: {}\n    onnxruntime: {}\n",
         dir.display(),
         ort.display()

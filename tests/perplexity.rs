@@ -173,9 +173,11 @@ fn cuda_that_cannot_be_used_fails_clearly_or_falls_back_when_allowed() {
     assert!(log.contains("perplexity scorer ready") && log.contains("device=Cpu"), "{log}");
 }
 
+/// These tests score as fast as the machine allows: a CPU budget well above what one scoring
+/// thread can use (the budget's own test sets a small one).
 fn quality_yaml(m: &Model, extra: &str) -> String {
     format!(
-        "quality:\n  window_secs: 600\n{extra}  perplexity:\n    model_dir: {}\n    onnxruntime: {}\n    max_response_tokens: 256\n",
+        "quality:\n  window_secs: 600\n  max_cpu: 8\n{extra}  perplexity:\n    model_dir: {}\n    onnxruntime: {}\n    max_response_tokens: 256\n",
         m.dir.display(),
         m.ort.display()
     )
@@ -249,6 +251,9 @@ async fn sampled_responses_are_scored_off_the_hot_path() {
     assert_eq!((count("default"), count("eval")), (1.0, 1.0));
     assert_eq!(metric(&text, "goodput_scoring_queue_depth", &[]), 0.0);
     assert!(text.contains("goodput_response_bits_per_byte_bucket"));
+    // The CPU budget in effect, and what scoring used of it.
+    assert_eq!(metric(&text, "goodput_scoring_cpu_budget_cores", &[]), 8.0);
+    assert!(metric(&text, "goodput_scoring_cpu_seconds_total", &[("scorer", "perplexity")]) > 0.0);
     // The router's view: per-backend quality over the window.
     let backends = gp.admin_json("/admin/backends").await;
     let llama_b = backends["backends"].as_array().unwrap().iter().find(|b| b["name"] == "llama").unwrap();
@@ -338,8 +343,10 @@ fn batched_scoring_equals_one_response_at_a_time() {
     use goodput::config::QualityConfig;
     use goodput::meter::metrics::Metrics;
     use goodput::openai::Operation;
+    use goodput::quality::budget::CpuBudget;
     use goodput::quality::scorer::{ScoreJob, Scorer};
     use goodput::quality::{QualityEvent, Subject};
+    use std::sync::Arc;
 
     let m = model_env();
     // Unequal lengths, so that a batch is right-padded; the first is the longest, so that the
@@ -360,7 +367,8 @@ fn batched_scoring_equals_one_response_at_a_time() {
         .unwrap();
         let metrics = Metrics::new();
         let (tx, rx) = std::sync::mpsc::channel();
-        let scorer = Scorer::start(&cfg, metrics.clone(), tx).unwrap().unwrap();
+        let scorer =
+            Scorer::start(&cfg, metrics.clone(), tx, Arc::new(CpuBudget::unlimited())).unwrap().unwrap();
         for (i, reply) in replies.iter().enumerate() {
             let of = Subject {
                 id: i as u64,
@@ -397,4 +405,67 @@ fn batched_scoring_equals_one_response_at_a_time() {
         assert!(rel(b.2, a.2) < 1e-4, "response {}: bits/byte {} alone, {} batched", a.0, a.2, b.2);
     }
     assert!(one[3].1 > one[0].1 * 5.0, "word salad scores above fluent text: {one:?}");
+}
+
+#[test]
+fn scoring_rests_within_its_cpu_budget_and_counts_what_it_drops() {
+    use goodput::config::QualityConfig;
+    use goodput::meter::metrics::Metrics;
+    use goodput::openai::Operation;
+    use goodput::quality::budget::CpuBudget;
+    use goodput::quality::scorer::{ScoreJob, Scorer};
+    use goodput::quality::{QualityEvent, Subject};
+    use std::sync::Arc;
+
+    let m = model_env();
+    let cfg: QualityConfig = serde_yaml_ng::from_str(&format!(
+        "queue_capacity: 16\nperplexity:\n  model_dir: {}\n  onnxruntime: {}\n",
+        m.dir.display(),
+        m.ort.display()
+    ))
+    .unwrap();
+    let cores = 0.05;
+    let budget = Arc::new(CpuBudget::new(cores));
+    let metrics = Metrics::new();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let scorer = Scorer::start(&cfg, metrics.clone(), tx, budget.clone()).unwrap().unwrap();
+    let job = |i: u64| ScoreJob {
+        of: Subject {
+            id: i,
+            backend: "b".into(),
+            model: "m".into(),
+            route: "default".into(),
+            class: "default".into(),
+        },
+        operation: Operation::Chat,
+        request: chat("Where is Paris?").into(),
+        response: "Paris is the capital of France, on the Seine.".into(),
+    };
+    let cpu = || metric(&metrics.encode(), "goodput_scoring_cpu_seconds_total", &[("scorer", "perplexity")]);
+    let offered = Instant::now();
+    assert!(scorer.offer(job(1)), "a scorer within its budget takes work");
+    assert!(matches!(rx.recv_timeout(Duration::from_secs(60)), Ok(QualityEvent::Perplexity(_))));
+    // The CPU it used is counted, and buys a rest of cpu / cores from when the work began.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cpu() == 0.0 || budget.available() {
+        assert!(Instant::now() < deadline, "no CPU time counted, or no rest owed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let used = cpu();
+    assert!(used > 0.001 && used < 30.0, "{used} s of CPU for one short response");
+    // Resting: what is sampled now is dropped at once and counted, not queued.
+    assert!(!scorer.offer(job(2)), "a resting scorer queues nothing");
+    let text = metrics.encode();
+    assert_eq!(metric(&text, "goodput_scoring_dropped_total", &[("reason", "cpu_budget")]), 1.0);
+    assert_eq!(metric(&text, "goodput_scoring_queue_depth", &[]), 0.0);
+    let deadline = Instant::now() + Duration::from_secs_f64(used / cores + 30.0);
+    while !budget.available() {
+        assert!(Instant::now() < deadline, "the rest never ends");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let rested = offered.elapsed().as_secs_f64();
+    assert!(rested >= used / cores * 0.99, "rested {rested:.3} s after {used:.4} s of CPU at {cores} cores");
+    // After the rest, work is taken again.
+    assert!(scorer.offer(job(3)));
+    assert!(matches!(rx.recv_timeout(Duration::from_secs(60)), Ok(QualityEvent::Perplexity(_))));
 }

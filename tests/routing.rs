@@ -334,6 +334,7 @@ classes:
 routing: {{default_class: careful, exploration: 0.0, min_quality_samples: 3, response_headers: true}}
 quality:
   sample_rate: 1.0
+  max_cpu: 8
   perplexity: {{model_dir: "{dir}", onnxruntime: "{ort}"}}
 "#
     ));

@@ -32,7 +32,9 @@ impl BenchScorer {
             ..Default::default()
         };
         let (tx, results) = channel();
-        let scorer = Scorer::start(&cfg, Metrics::new(), tx)
+        // Offline: scoring is the job, so no CPU budget paces it.
+        let budget = std::sync::Arc::new(crate::quality::budget::CpuBudget::unlimited());
+        let scorer = Scorer::start(&cfg, Metrics::new(), tx, budget)
             .map_err(|e| format!("--score-model {}: {e}", dir.display()))?
             .ok_or("no perplexity model")?;
         Ok(BenchScorer { scorer, results, model: dir.display().to_string() })

@@ -15,10 +15,21 @@ pub struct QualityConfig {
     pub queue_capacity: usize,
     /// Length of the per-backend quality windows (scores are sparse: longer than latency's).
     pub window_secs: u64,
+    /// Cores that scoring (perplexity and embeddings) may keep busy on average; what is sampled
+    /// beyond it is dropped and counted. Default: 5% of the cores available, at least 0.1. Read at
+    /// start-up.
+    pub max_cpu: Option<f64>,
     /// The reference language model; without it no perplexity is scored. Read at start-up.
     pub perplexity: Option<PerplexityConfig>,
     /// SelfCheckGPT-style consistency checks by shadow re-sampling; without it none run.
     pub consistency: Option<ConsistencyConfig>,
+}
+
+impl QualityConfig {
+    /// The scorers' CPU budget in cores: `max_cpu`, or 5% of the cores available (at least 0.1).
+    pub fn cpu_budget(&self) -> f64 {
+        self.max_cpu.unwrap_or_else(crate::quality::budget::default_cores)
+    }
 }
 
 impl Default for QualityConfig {
@@ -28,6 +39,7 @@ impl Default for QualityConfig {
             force_header: "x-goodput-score".into(),
             queue_capacity: 64,
             window_secs: 600,
+            max_cpu: None,
             perplexity: None,
             consistency: None,
         }
@@ -235,6 +247,11 @@ impl QualityConfig {
         if self.queue_capacity == 0 {
             err("quality.queue_capacity".into(), "must be > 0".into());
         }
+        if let Some(c) = self.max_cpu
+            && !(c.is_finite() && c > 0.0)
+        {
+            err("quality.max_cpu".into(), "must be a number of cores > 0".into());
+        }
         if !(10..=86_400).contains(&self.window_secs) {
             err("quality.window_secs".into(), "must be between 10 and 86400".into());
         }
@@ -328,7 +345,7 @@ mod tests {
     fn bad_quality_settings_are_reported_with_their_paths() {
         let e = crate::config::Config::from_yaml(
             "backends:\n  - name: a\n    url: http://127.0.0.1:1\n\
-             quality:\n  sample_rate: 1.5\n  force_header: 'bad header'\n  perplexity:\n    model_dir: /nonexistent\n    device: gpu\n\
+             quality:\n  sample_rate: 1.5\n  max_cpu: 0\n  force_header: 'bad header'\n  perplexity:\n    model_dir: /nonexistent\n    device: gpu\n\
              \x20 consistency:\n    samples: 0\n    methods: [embedding]\n    judge_backend: b\n",
         )
         .unwrap_err();
@@ -336,6 +353,7 @@ mod tests {
         for p in [
             "quality.sample_rate",
             "quality.force_header",
+            "quality.max_cpu",
             "quality.perplexity.model_dir",
             "quality.perplexity.device",
             "quality.consistency.samples",

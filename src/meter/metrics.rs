@@ -2,7 +2,8 @@
 //! where they define one; everything else is `goodput_*`. The README lists each with its formula.
 
 use prometheus::{
-    GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    CounterVec, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
+    IntGaugeVec, Opts, Registry,
 };
 
 /// OTel's recommended TTFT buckets, extended below for fast backends and above to vLLM's tail.
@@ -62,6 +63,8 @@ pub struct Metrics {
     pub scoring_failed: IntCounterVec,
     pub scoring_duration: Histogram,
     pub scoring_batch_size: Histogram,
+    pub scoring_cpu: CounterVec,
+    pub scoring_cpu_budget: Gauge,
     pub shadow_requests: IntCounterVec,
     pub shadow_tokens: IntCounterVec,
     pub shadow_skipped: IntCounterVec,
@@ -189,6 +192,21 @@ impl Metrics {
         )
         .expect("valid histogram");
         reg.register(Box::new(scoring_batch_size.clone())).expect("unique metric");
+        let scoring_cpu = CounterVec::new(
+            Opts::new(
+                "goodput_scoring_cpu_seconds_total",
+                "CPU time spent scoring (tokenizing and model calls; the scoring thread's clock times its session's intra-op threads), by scorer (perplexity, embedding).",
+            ),
+            &["scorer"],
+        )
+        .expect("valid counter");
+        reg.register(Box::new(scoring_cpu.clone())).expect("unique metric");
+        let scoring_cpu_budget = Gauge::new(
+            "goodput_scoring_cpu_budget_cores",
+            "quality.max_cpu in effect: the cores the scorers may keep busy on average (set when a scorer starts).",
+        )
+        .expect("valid gauge");
+        reg.register(Box::new(scoring_cpu_budget.clone())).expect("unique metric");
         Metrics {
             ttft: hist(
                 &reg,
@@ -309,7 +327,7 @@ impl Metrics {
             scoring_dropped: counter(
                 &reg,
                 "goodput_scoring_dropped_total",
-                "Sampled responses not scored, by reason: queue_full (scorers behind), nothing_to_score (empty response or a token-id prompt).",
+                "Sampled responses not scored, by reason: queue_full (scorers behind), cpu_budget (scorers resting to stay within quality.max_cpu), nothing_to_score (empty response or a token-id prompt).",
                 &["reason"],
             ),
             scoring_failed: counter(
@@ -320,6 +338,8 @@ impl Metrics {
             ),
             scoring_duration,
             scoring_batch_size,
+            scoring_cpu,
+            scoring_cpu_budget,
             shadow_requests: counter(
                 &reg,
                 "goodput_shadow_requests_total",
@@ -335,7 +355,7 @@ impl Metrics {
             shadow_skipped: counter(
                 &reg,
                 "goodput_shadow_checks_skipped_total",
-                "Consistency checks not run or not finished, by reason: token_budget, queue_full, bad_request, nothing_to_check, shutdown.",
+                "Consistency checks not run or not finished, by reason: token_budget, cpu_budget (embeddings resting to stay within quality.max_cpu), queue_full, bad_request, nothing_to_check, shutdown.",
                 &["reason"],
             ),
             consistency_score: hist(

@@ -13,6 +13,7 @@ pub struct Embedder {
     session: Session,
     tokenizer: Tokenizer,
     has_token_types: bool,
+    intra_op_threads: usize,
 }
 
 impl Embedder {
@@ -34,7 +35,11 @@ impl Embedder {
             return Err(LmError(format!("{}: no `sentence_embedding` output", model.display())));
         }
         let has_token_types = session.inputs().iter().any(|i| i.name() == "token_type_ids");
-        Ok(Embedder { session, tokenizer, has_token_types })
+        Ok(Embedder { session, tokenizer, has_token_types, intra_op_threads })
+    }
+
+    pub fn intra_op_threads(&self) -> usize {
+        self.intra_op_threads
     }
 
     /// One unit vector per text.

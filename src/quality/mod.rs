@@ -1,6 +1,7 @@
 //! Quality, sampled: a deterministic share of responses is scored off the hot path by
 //! dedicated threads. Perplexity under a reference LM run with ONNX Runtime is the first signal.
 
+pub mod budget;
 pub mod consistency;
 pub mod lm;
 pub mod offline;

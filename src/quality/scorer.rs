@@ -7,6 +7,7 @@ use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use super::budget::{CpuBudget, thread_cpu_time};
 use super::lm::{LmAssets, LmError, LmOptions, ReferenceLm};
 use super::ppl::Totals;
 use crate::config::QualityConfig;
@@ -37,12 +38,16 @@ pub struct QualityResult {
 pub struct Scorer {
     tx: SyncSender<ScoreJob>,
     metrics: Metrics,
+    budget: Arc<CpuBudget>,
 }
 
 struct Limits {
     max_prompt: usize,
     max_response: usize,
     max_batch: usize,
+    /// ONNX Runtime threads per session: the scoring thread's own CPU time times this
+    /// estimates its session's (the calling thread works alongside the intra-op pool).
+    intra_op_threads: usize,
 }
 
 /// Padded tokens per model call at most: the graph's logits are [batch, len, vocab] floats
@@ -51,11 +56,13 @@ const MAX_BATCH_TOKENS: usize = 8192;
 
 impl Scorer {
     /// Load the reference model once per thread. Blocking (seconds): call it off the async
-    /// runtime. `None` when no perplexity model is configured.
+    /// runtime. `None` when no perplexity model is configured. `budget` paces the scoring
+    /// threads (shared with the embedding thread).
     pub fn start(
         cfg: &QualityConfig,
         metrics: Metrics,
         results: Sender<QualityEvent>,
+        budget: Arc<CpuBudget>,
     ) -> Result<Option<Scorer>, LmError> {
         let Some(p) = &cfg.perplexity else { return Ok(None) };
         let device = p.device.parse().map_err(LmError)?;
@@ -72,7 +79,7 @@ impl Scorer {
         let rx = Arc::new(Mutex::new(rx));
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         for i in 0..p.threads {
-            let (dir, opts, assets, rx, results, metrics, ready) = (
+            let (dir, opts, assets, rx, results, metrics, ready, budget) = (
                 p.model_dir.clone(),
                 opts.clone(),
                 assets.clone(),
@@ -80,11 +87,13 @@ impl Scorer {
                 results.clone(),
                 metrics.clone(),
                 ready_tx.clone(),
+                budget.clone(),
             );
             let limits = Limits {
                 max_prompt: p.max_prompt_tokens,
                 max_response: p.max_response_tokens,
                 max_batch: p.max_batch_for(device),
+                intra_op_threads: p.intra_op_threads,
             };
             std::thread::Builder::new()
                 .name(format!("goodput-score-{i}"))
@@ -93,7 +102,7 @@ impl Scorer {
                     match ReferenceLm::load(&dir, assets, &opts) {
                         Ok(lm) => {
                             let _ = ready.send(Ok(lm.device));
-                            run(lm, rx, results, metrics, limits)
+                            run(lm, rx, results, metrics, limits, &budget)
                         }
                         Err(e) => {
                             let _ = ready.send(Err(e));
@@ -108,11 +117,17 @@ impl Scorer {
                 ready_rx.recv().map_err(|_| LmError("a scoring thread died while loading".into()))??;
             tracing::info!(model = %p.model_dir.display(), ?device, "perplexity scorer ready");
         }
-        Ok(Some(Scorer { tx, metrics }))
+        Ok(Some(Scorer { tx, metrics, budget }))
     }
 
-    /// Queue a response for scoring; never blocks. Returns whether it was queued.
+    /// Queue a response for scoring; never blocks. Returns whether it was queued. While the
+    /// scorers rest within their CPU budget nothing is queued: it would only wait, holding user
+    /// data, for a slot that later responses also want.
     pub fn offer(&self, job: ScoreJob) -> bool {
+        if !self.budget.available() {
+            self.metrics.scoring_dropped.with_label_values(&["cpu_budget"]).inc();
+            return false;
+        }
         match self.tx.try_send(job) {
             Ok(()) => {
                 self.metrics.scoring_queue_depth.inc();
@@ -149,8 +164,11 @@ fn run(
     results: Sender<QualityEvent>,
     metrics: Metrics,
     limits: Limits,
+    budget: &CpuBudget,
 ) {
+    let cpu_used = metrics.scoring_cpu.with_label_values(&["perplexity"]);
     loop {
+        budget.wait();
         // The lock is held only while taking jobs, by scoring threads only: one job waited for,
         // then whatever else already waits, up to max_batch.
         let jobs = {
@@ -167,6 +185,7 @@ fn run(
         };
         metrics.scoring_queue_depth.sub(jobs.len() as i64);
         let t = Instant::now();
+        let cpu0 = thread_cpu_time();
         let mut ready: Vec<(ScoreJob, Prepared)> = Vec::with_capacity(jobs.len());
         for job in jobs {
             match prepare(&lm.assets, job.operation, &job.request, &job.response, &limits) {
@@ -191,6 +210,9 @@ fn run(
                 Err(e) => batch.iter().for_each(|(job, _)| fail(&metrics, job, &e)),
             }
         }
+        let cpu = thread_cpu_time().saturating_sub(cpu0) * limits.intra_op_threads as u32;
+        cpu_used.inc_by(cpu.as_secs_f64());
+        budget.charge(t, cpu);
     }
 }
 

@@ -41,7 +41,7 @@ app.kubernetes.io/component: {{ .Values.mode }}
 {{- end -}}
 {{- if .Values.scorer.enabled -}}
 {{- $ppl := dict "model_dir" (printf "/models/%s" .Values.scorer.model.dir) "device" (ternary "cuda:0" "cpu" .Values.scorer.gpu) "threads" .Values.scorer.threads "intra_op_threads" .Values.scorer.intraOpThreads -}}
-{{- $_ := set $cfg "quality" (dict "sample_rate" .Values.scorer.sampleRate "perplexity" $ppl) -}}
+{{- $_ := set $cfg "quality" (dict "sample_rate" .Values.scorer.sampleRate "max_cpu" .Values.scorer.maxCpu "perplexity" $ppl) -}}
 {{- end -}}
 {{- $cfg = mustMergeOverwrite $cfg (deepCopy .Values.goodput.config) -}}
 {{- toYaml $cfg -}}

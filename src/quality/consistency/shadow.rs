@@ -22,6 +22,7 @@ use crate::config::{ConfigHandle, ConsistencyConfig, Method};
 use crate::meter::metrics::Metrics;
 use crate::openai::Operation;
 use crate::openai::response::parse_response;
+use crate::quality::budget::{CpuBudget, thread_cpu_time};
 use crate::quality::embed::{Embedder, bertscore_like};
 use crate::quality::lm::LmError;
 use crate::quality::{QualityEvent, Subject};
@@ -73,6 +74,7 @@ impl Checker {
         results: std::sync::mpsc::Sender<QualityEvent>,
         embedder: Option<Embedder>,
         connector: crate::proxy::tls::Connector,
+        budget: Arc<CpuBudget>,
     ) -> Checker {
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
         let (cancel, cancelled) = watch::channel(false);
@@ -91,7 +93,7 @@ impl Checker {
             user_tokens: user_tokens.clone(),
             shadow_tokens: Arc::new(AtomicU64::new(0)),
             reserved: Arc::new(AtomicU64::new(0)),
-            embedder: embedder.map(EmbedWorker::start),
+            embedder: embedder.map(|e| EmbedWorker::start(e, budget, &metrics)),
         };
         tokio::spawn(engine.run(rx, cancelled));
         Checker { tx, cancel, metrics, user_tokens }
@@ -133,17 +135,23 @@ struct Engine {
 type EmbedTask = (Vec<String>, Vec<String>, tokio::sync::oneshot::Sender<Result<Vec<f64>, LmError>>);
 
 /// A thread that owns the embedding session and scores (sentences, samples) pairs in turn, at
-/// idle priority: the proxy's threads preempt it whenever they wake.
+/// idle priority (the proxy's threads preempt it whenever they wake) and within the scorers'
+/// shared CPU budget.
 struct EmbedWorker {
     tx: std::sync::mpsc::Sender<EmbedTask>,
+    budget: Arc<CpuBudget>,
 }
 
 impl EmbedWorker {
-    fn start(mut e: Embedder) -> EmbedWorker {
+    fn start(mut e: Embedder, budget: Arc<CpuBudget>, metrics: &Metrics) -> EmbedWorker {
         let (tx, rx) = std::sync::mpsc::channel::<EmbedTask>();
+        let (paced, cpu_used) = (budget.clone(), metrics.scoring_cpu.with_label_values(&["embedding"]));
+        let threads = e.intra_op_threads() as u32;
         let spawned = std::thread::Builder::new().name("goodput-embed".into()).spawn(move || {
             crate::quality::scorer::lower_priority();
             for (sentences, samples, reply) in rx {
+                paced.wait();
+                let (began, cpu0) = (std::time::Instant::now(), thread_cpu_time());
                 let mut run = || -> Result<Vec<f64>, LmError> {
                     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
                     let sent_vecs = e.embed(&refs)?;
@@ -154,12 +162,15 @@ impl EmbedWorker {
                     Ok(bertscore_like(&sent_vecs, &sample_vecs))
                 };
                 let _ = reply.send(run());
+                let cpu = thread_cpu_time().saturating_sub(cpu0) * threads;
+                cpu_used.inc_by(cpu.as_secs_f64());
+                paced.charge(began, cpu);
             }
         });
         if let Err(err) = spawned {
             tracing::error!(%err, "cannot start the embedding thread");
         }
-        EmbedWorker { tx }
+        EmbedWorker { tx, budget }
     }
 
     async fn score(&self, sentences: Vec<String>, samples: Vec<String>) -> Result<Vec<f64>, LmError> {
@@ -177,6 +188,11 @@ impl Engine {
             tokio::select! {
                 job = rx.recv() => {
                     let Some(job) = job else { break };
+                    // Re-samples whose embeddings would wait out the CPU budget are not drawn.
+                    if this.embedder.as_ref().is_some_and(|e| !e.budget.available()) {
+                        this.metrics.shadow_skipped.with_label_values(&["cpu_budget"]).inc();
+                        continue;
+                    }
                     let estimate = this.estimate(&job);
                     let budget = this.user_tokens.load(Ordering::Relaxed) as f64 * this.cfg.max_token_share;
                     let committed = this.shadow_tokens.load(Ordering::Relaxed) + this.reserved.load(Ordering::Relaxed);
