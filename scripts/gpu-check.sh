@@ -23,7 +23,8 @@ DEV="${GPU_DEVICE:-cuda:0}"
 RATES="${RATES:-500 1000}"
 SECS="${SECS:-6}"
 fail=0
-# STEPS="5" runs only some of the steps; REPS repeats step 5's rows; MODES and STREAMS narrow them.
+# STEPS="5" runs only some of the steps; REPS repeats step 5's rows; MODES and STREAMS narrow them;
+# MAX_CPU sets step 5's quality.max_cpu (default 16, so that the device, not the budget, limits).
 want() { [[ " ${STEPS:-1 2 3 4 5} " == *" $1 "* ]]; }
 REPS="${REPS:-1}"
 MODES="${MODES:-plain scored1 scored}"
@@ -116,8 +117,13 @@ for _ in $(seq 100); do grep -q "addr=" "$OUT/sim.log" && break; sleep 0.05; don
 SIM="$(grep -o 'addr=[^ ]*' "$OUT/sim.log" | head -1 | cut -d= -f2)"
 printf 'backends:\n  - name: sim\n    url: http://%s\n    models: [sim-model]\n' "$SIM" > "$OUT/plain.yaml"
 cp "$OUT/plain.yaml" "$OUT/scored.yaml"
-printf 'quality:\n  sample_rate: 1.0\n  queue_capacity: 64\n  perplexity:\n    model_dir: %s\n    onnxruntime: %s\n    device: %s\n' \
-  "$GOODPUT_MODEL_DIR" "$ORT_DYLIB_PATH" "$DEV" >> "$OUT/scored.yaml"
+# MAX_CPU: quality.max_cpu (default 16: how much the device can score, as in BENCHMARKS.md;
+# unset it, MAX_CPU=, for goodput's default budget).
+MAX_CPU="${MAX_CPU-16}"
+budget=""; [ -n "$MAX_CPU" ] && budget="  max_cpu: $MAX_CPU
+"
+printf 'quality:\n  sample_rate: 1.0\n  queue_capacity: 64\n%s  perplexity:\n    model_dir: %s\n    onnxruntime: %s\n    device: %s\n' \
+  "$budget" "$GOODPUT_MODEL_DIR" "$ORT_DYLIB_PATH" "$DEV" >> "$OUT/scored.yaml"
 # The same, one response per model call: what batching buys, side by side.
 sed 's/^  perplexity:$/  perplexity:\n    max_batch: 1/' "$OUT/scored.yaml" > "$OUT/scored1.yaml"
 # And on the CPU (one SCHED_IDLE thread): tells the scorer's device from the rest of the pipeline.

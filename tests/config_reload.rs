@@ -76,6 +76,25 @@ async fn reload_applies_valid_configs_and_keeps_serving_through_invalid_ones() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_says_which_changed_settings_wait_for_a_restart() {
+    let (sim_addr, _sim) = spawn_sim(1.0, 1.0, 4).await;
+    let base = format!("backends:\n  - name: s\n    url: http://{sim_addr}\n    models: [sim-model]\n");
+    let gp = Goodput::start_logged(&format!("{base}quality:\n  sample_rate: 0.1\n"), &[], &[]);
+    // A live setting and one read at start-up: the reload applies, and names the latter.
+    std::fs::write(&gp.config, format!("{base}quality:\n  sample_rate: 0.2\n  max_cpu: 3\n")).unwrap();
+    wait_for_reloads(&gp, "success", 1.0).await;
+    let q = &gp.admin_json("/admin/config").await["quality"];
+    assert_eq!((q["sample_rate"].as_f64(), q["max_cpu"].as_f64()), (Some(0.2), Some(3.0)));
+    let t = Instant::now();
+    while !gp.log().contains("take effect on restart") {
+        assert!(t.elapsed() < Duration::from_secs(10), "no restart warning:\n{}", gp.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = gp.log();
+    assert!(log.contains("quality.max_cpu") && !log.contains("sample_rate"), "{log}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_does_not_drop_in_flight_streams() {
     let (sim_addr, sim) = spawn_sim(10.0, 10.0, 60).await;
     let base = format!("backends:\n  - name: s\n    url: http://{sim_addr}\n");

@@ -257,6 +257,28 @@ impl fmt::Display for ConfigErrors {
 impl std::error::Error for ConfigErrors {}
 
 impl Config {
+    /// The settings read only at start-up that differ in `new`: a reload applies everything
+    /// else and names these, which take effect on restart.
+    pub fn startup_only_changes(&self, new: &Config) -> Vec<&'static str> {
+        // Sample rates are read per request; the rest of the consistency section at start-up.
+        let checks =
+            |c: &Option<ConsistencyConfig>| c.clone().map(|c| ConsistencyConfig { sample_rate: 0.0, ..c });
+        let (q, nq) = (&self.quality, &new.quality);
+        [
+            ("listen", self.listen != new.listen),
+            ("admin_listen", self.admin_listen != new.admin_listen),
+            ("admin_token", self.admin_token != new.admin_token),
+            ("upstream_tls", self.upstream_tls != new.upstream_tls),
+            ("quality.queue_capacity", q.queue_capacity != nq.queue_capacity),
+            ("quality.max_cpu", q.max_cpu != nq.max_cpu),
+            ("quality.perplexity", q.perplexity != nq.perplexity),
+            ("quality.consistency", checks(&q.consistency) != checks(&nq.consistency)),
+        ]
+        .into_iter()
+        .filter_map(|(name, changed)| changed.then_some(name))
+        .collect()
+    }
+
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
         let cfg = Config::parse(text)?;
         cfg.validate()?;
@@ -450,6 +472,26 @@ mod tests {
     use super::*;
 
     const MIN: &str = "backends:\n  - name: a\n    url: http://127.0.0.1:8000\n";
+
+    #[test]
+    fn a_reload_names_the_settings_that_wait_for_a_restart() {
+        let old = Config::from_yaml(&format!(
+            "{MIN}quality:\n  sample_rate: 0.1\n  consistency:\n    sample_rate: 0.01\n"
+        ))
+        .unwrap();
+        // Rates and backends apply at once: nothing to name.
+        let live = Config::from_yaml(
+            "backends:\n  - name: b\n    url: http://127.0.0.1:9000\n\
+             quality:\n  sample_rate: 0.5\n  consistency:\n    sample_rate: 0.2\n",
+        )
+        .unwrap();
+        assert!(old.startup_only_changes(&live).is_empty());
+        let restart = Config::from_yaml(&format!(
+            "{MIN}listen: 0.0.0.0:9999\nquality:\n  max_cpu: 2\n  consistency:\n    samples: 5\n"
+        ))
+        .unwrap();
+        assert_eq!(old.startup_only_changes(&restart), ["listen", "quality.max_cpu", "quality.consistency"]);
+    }
 
     #[test]
     fn minimal_config_gets_defaults() {

@@ -222,11 +222,19 @@ impl ConfigHandle {
                 } else {
                     match self.resolve(config).await {
                         Ok(snap) => {
+                            let on_restart = self.current.load().config.startup_only_changes(&snap.config);
                             self.current.store(Arc::new(snap));
                             if let Ok(mut t) = self.last_text.lock() {
                                 *t = text;
                             }
-                            tracing::info!("config reloaded");
+                            if on_restart.is_empty() {
+                                tracing::info!("config reloaded");
+                            } else {
+                                tracing::warn!(
+                                    settings = %on_restart.join(", "),
+                                    "config reloaded; these settings are read at start-up and take effect on restart"
+                                );
+                            }
                             "success"
                         }
                         Err(e) => {
