@@ -3,7 +3,8 @@
 # simulator (no delay, 48 tokens), first without consistency, then with every request checked
 # (K=3 re-samples; methods unigram, embedding and prompt). Reports shadow upstream tokens per
 # check (re-samples and judge calls) against the user request's own tokens, and goodput's CPU
-# time per check (process CPU with checks minus without, over N).
+# time per check (process CPU with checks minus without, over N). max_cpu 16: no CPU budget, so
+# that every request is checked.
 #
 #   scripts/bench-consistency.sh [N=40]
 set -euo pipefail
@@ -23,7 +24,7 @@ start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TO
 SIM="${LINE##*addr=}"
 sim_config "$SIM" "$OUT/cons-plain.yaml"
 cp "$OUT/cons-plain.yaml" "$OUT/cons-checked.yaml"
-printf 'quality:\n  consistency:\n    sample_rate: 1.0\n    samples: 3\n    max_token_share: 1000\n    methods: [prompt, unigram, embedding]\n    embedding_model_dir: %s\n    onnxruntime: %s\n' \
+printf 'quality:\n  max_cpu: 16\n  consistency:\n    sample_rate: 1.0\n    samples: 3\n    max_token_share: 1000\n    methods: [prompt, unigram, embedding]\n    embedding_model_dir: %s\n    onnxruntime: %s\n' \
   "$EMBED" "$ORT" >> "$OUT/cons-checked.yaml"
 
 for mode in plain checked; do
