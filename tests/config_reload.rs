@@ -92,6 +92,14 @@ async fn a_reload_says_which_changed_settings_wait_for_a_restart() {
     }
     let log = gp.log();
     assert!(log.contains("quality.max_cpu") && !log.contains("sample_rate"), "{log}");
+    // The next reload is compared with what runs (the start-up value), not with the last file.
+    std::fs::write(&gp.config, format!("{base}quality:\n  sample_rate: 0.3\n  max_cpu: 3\n")).unwrap();
+    wait_for_reloads(&gp, "success", 2.0).await;
+    let t = Instant::now();
+    while gp.log().matches("take effect on restart").count() < 2 {
+        assert!(t.elapsed() < Duration::from_secs(10), "max_cpu still differs:\n{}", gp.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

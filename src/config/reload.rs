@@ -165,6 +165,8 @@ pub struct ConfigHandle {
     sims: tokio::sync::Mutex<HashMap<String, (SocketAddr, Arc<Sim>)>>,
     /// `goodput_config_reloads_total{result}`, owned by the metrics registry.
     reloads: prometheus::IntCounterVec,
+    /// The config goodput started with: what its start-up-only settings still are.
+    startup: Config,
 }
 
 impl ConfigHandle {
@@ -183,6 +185,7 @@ impl ConfigHandle {
             last_text: std::sync::Mutex::new(text),
             sims: tokio::sync::Mutex::new(HashMap::new()),
             reloads,
+            startup: config.clone(),
         };
         let snap = handle.resolve(config).await?;
         handle.current.store(Arc::new(snap));
@@ -222,7 +225,8 @@ impl ConfigHandle {
                 } else {
                     match self.resolve(config).await {
                         Ok(snap) => {
-                            let on_restart = self.current.load().config.startup_only_changes(&snap.config);
+                            // Against the start-up config: what still differs from what runs.
+                            let on_restart = self.startup.startup_only_changes(&snap.config);
                             self.current.store(Arc::new(snap));
                             if let Ok(mut t) = self.last_text.lock() {
                                 *t = text;
