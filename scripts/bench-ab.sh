@@ -2,7 +2,8 @@
 # A/B benchmark of two goodput builds, side by side in one run: the same simulated upstream (no
 # artificial delay), the same open-loop k6 load, direct vs build A vs build B alternated REPS
 # times, so both builds see the same machine noise. Reports medians of the per-run p50/p99 and
-# the added latency over direct, and B's figures as a ratio to A's.
+# the added latency over direct, and each build's CPU time (utime + stime) per request, B as a
+# ratio to A.
 #
 #   scripts/bench-ab.sh REV_A [REV_B=working tree] [RATES="500 1000"] [DURATION=10s] [REPS=3]
 #
@@ -37,8 +38,9 @@ source scripts/bench/lib.sh
 
 start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
 SIM="${LINE##*addr=}"
-BIN="$A_BIN" start_goodput --upstream "http://$SIM"; GP_A="$GP"
-BIN="$B_BIN" start_goodput --upstream "http://$SIM"; GP_B="$GP"
+BIN="$A_BIN" start_goodput --upstream "http://$SIM"; GP_A="$GP"; PID_A="$GP_PID"
+BIN="$B_BIN" start_goodput --upstream "http://$SIM"; GP_B="$GP"; PID_B="$GP_PID"
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, clock ticks
 echo "sim=$SIM a=$GP_A ($REV_A) b=$GP_B (${REV_B:-working tree}) k6=$K6" >&2
 
 results="$OUT/ab-runs.jsonl"
@@ -47,24 +49,28 @@ for stream in 0 1; do
   for rate in $RATES; do
     for rep in $(seq "$REPS"); do
       for path in direct a b; do
+        pid=""
         case "$path" in
           direct) url="http://$SIM/v1/chat/completions" ;;
-          a) url="http://$GP_A/v1/chat/completions" ;;
-          b) url="http://$GP_B/v1/chat/completions" ;;
+          a) url="http://$GP_A/v1/chat/completions"; pid="$PID_A" ;;
+          b) url="http://$GP_B/v1/chat/completions"; pid="$PID_B" ;;
         esac
+        c0=0; [ -n "$pid" ] && c0="$(cpu_ticks "$pid")"
         r="$(run_k6 "$url" "$rate" "$stream")"
-        echo "{\"stream\":$stream,\"rate\":$rate,\"rep\":$rep,\"path\":\"$path\",\"k6\":$r}" | tee -a "$results" >&2
+        cpu=0; [ -n "$pid" ] && cpu=$(( $(cpu_ticks "$pid") - c0 ))
+        echo "{\"stream\":$stream,\"rate\":$rate,\"rep\":$rep,\"path\":\"$path\",\"k6\":$r,\"cpu_ticks\":$cpu}" | tee -a "$results" >&2
       done
     done
   done
 done
 
-python3 - "$results" "$REV_A" "${REV_B:-working tree}" <<'PY'
+python3 - "$results" "$REV_A" "${REV_B:-working tree}" "$(getconf CLK_TCK)" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 a, b = sys.argv[2], sys.argv[3]
-print(f"| mode | rate (req/s) | direct p50 / p99 | A ({a}) added p50 / p99 | B ({b}) added p50 / p99 | B/A added p50 | dropped/failed |")
-print("|---|---|---|---|---|---|---|")
+hz = int(sys.argv[4])
+print(f"| mode | rate (req/s) | direct p50 / p99 | A ({a}) added p50 / p99 | B ({b}) added p50 / p99 | B/A added p50 | CPU per request A / B | B/A CPU | dropped/failed |")
+print("|---|---|---|---|---|---|---|---|---|")
 for stream in (0, 1):
     for rate in sorted({r["rate"] for r in rows}):
         sel = lambda p: [r["k6"] for r in rows if r["stream"] == stream and r["rate"] == rate and r["path"] == p]
@@ -73,5 +79,9 @@ for stream in (0, 1):
         add = lambda p: ((med(p, "med_ms") - d50) * 1000, (med(p, "p99_ms") - d99) * 1000)
         (a50, a99), (b50, b99) = add("a"), add("b")
         bad = sum(x["dropped"] + x["failed"] for p in ("a", "b") for x in sel(p))
-        print(f"| {'stream' if stream else 'non-stream'} | {rate} | {d50:.3f} / {d99:.3f} ms | {a50:.0f} µs / {a99:.0f} µs | {b50:.0f} µs / {b99:.0f} µs | {b50 / a50:.2f} | {bad} |")
+        # goodput's own CPU time (utime + stime) per request, median over the runs.
+        cpu = lambda p: statistics.median(r["cpu_ticks"] / hz / r["k6"]["reqs"] * 1e6 for r in rows
+                                          if r["stream"] == stream and r["rate"] == rate and r["path"] == p)
+        ca, cb = cpu("a"), cpu("b")
+        print(f"| {'stream' if stream else 'non-stream'} | {rate} | {d50:.3f} / {d99:.3f} ms | {a50:.0f} µs / {a99:.0f} µs | {b50:.0f} µs / {b99:.0f} µs | {b50 / a50:.2f} | {ca:.0f} / {cb:.0f} µs | {cb / ca:.2f} | {bad} |")
 PY
