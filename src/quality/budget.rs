@@ -51,6 +51,18 @@ impl CpuBudget {
         }
     }
 
+    /// Run one piece of scoring work on the calling thread: its CPU time (the thread's clock
+    /// times `threads`, the session's intra-op threads, which work alongside it) is counted in
+    /// `used` and charged.
+    pub fn spend<R>(&self, threads: usize, used: &prometheus::Counter, work: impl FnOnce() -> R) -> R {
+        let (began, cpu0) = (Instant::now(), thread_cpu_time());
+        let out = work();
+        let cpu = thread_cpu_time().saturating_sub(cpu0) * u32::try_from(threads).unwrap_or(u32::MAX);
+        used.inc_by(cpu.as_secs_f64());
+        self.charge(began, cpu);
+        out
+    }
+
     /// Work that began at `began` used `cpu`: the scorers rest until cpu / cores after it
     /// began (or after the rest already owed, when several threads share the budget).
     pub fn charge(&self, began: Instant, cpu: Duration) {

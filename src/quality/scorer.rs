@@ -7,7 +7,7 @@ use std::sync::mpsc::{Receiver, Sender, SyncSender, TrySendError, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use super::budget::{CpuBudget, thread_cpu_time};
+use super::budget::CpuBudget;
 use super::lm::{LmAssets, LmError, LmOptions, ReferenceLm};
 use super::ppl::Totals;
 use crate::config::QualityConfig;
@@ -184,35 +184,43 @@ fn run(
             jobs
         };
         metrics.scoring_queue_depth.sub(jobs.len() as i64);
-        let t = Instant::now();
-        let cpu0 = thread_cpu_time();
-        let mut ready: Vec<(ScoreJob, Prepared)> = Vec::with_capacity(jobs.len());
-        for job in jobs {
-            match prepare(&lm.assets, job.operation, &job.request, &job.response, &limits) {
-                Ok(Some(p)) => ready.push((job, p)),
-                Ok(None) => metrics.scoring_dropped.with_label_values(&["nothing_to_score"]).inc(),
-                Err(e) => fail(&metrics, &job, &e),
-            }
+        budget
+            .spend(limits.intra_op_threads, &cpu_used, || score(&mut lm, jobs, &results, &metrics, &limits));
+    }
+}
+
+/// Prepare the jobs and score them, in batches of at most MAX_BATCH_TOKENS padded tokens.
+fn score(
+    lm: &mut ReferenceLm,
+    jobs: Vec<ScoreJob>,
+    results: &Sender<QualityEvent>,
+    metrics: &Metrics,
+    limits: &Limits,
+) {
+    let t = Instant::now();
+    let mut ready: Vec<(ScoreJob, Prepared)> = Vec::with_capacity(jobs.len());
+    for job in jobs {
+        match prepare(&lm.assets, job.operation, &job.request, &job.response, limits) {
+            Ok(Some(p)) => ready.push((job, p)),
+            Ok(None) => metrics.scoring_dropped.with_label_values(&["nothing_to_score"]).inc(),
+            Err(e) => fail(metrics, &job, &e),
         }
-        while !ready.is_empty() {
-            let n = batch_len(ready.iter().map(|(_, p)| p.row.len()));
-            let batch: Vec<(ScoreJob, Prepared)> = ready.drain(..n).collect();
-            let rows: Vec<&[u32]> = batch.iter().map(|(_, p)| p.row.as_slice()).collect();
-            metrics.scoring_batch_size.observe(rows.len() as f64);
-            match lm.next_token_logprobs(&rows) {
-                Ok(lps) => {
-                    let took = t.elapsed().as_secs_f64();
-                    for ((job, mut p), lp) in batch.into_iter().zip(lps) {
-                        p.totals.add_logprobs(lp.get(p.prompt_len - 1..).unwrap_or_default());
-                        report(&metrics, &results, job, &p, took);
-                    }
+    }
+    while !ready.is_empty() {
+        let n = batch_len(ready.iter().map(|(_, p)| p.row.len()));
+        let batch: Vec<(ScoreJob, Prepared)> = ready.drain(..n).collect();
+        let rows: Vec<&[u32]> = batch.iter().map(|(_, p)| p.row.as_slice()).collect();
+        metrics.scoring_batch_size.observe(rows.len() as f64);
+        match lm.next_token_logprobs(&rows) {
+            Ok(lps) => {
+                let took = t.elapsed().as_secs_f64();
+                for ((job, mut p), lp) in batch.into_iter().zip(lps) {
+                    p.totals.add_logprobs(lp.get(p.prompt_len - 1..).unwrap_or_default());
+                    report(metrics, results, job, &p, took);
                 }
-                Err(e) => batch.iter().for_each(|(job, _)| fail(&metrics, job, &e)),
             }
+            Err(e) => batch.iter().for_each(|(job, _)| fail(metrics, job, &e)),
         }
-        let cpu = thread_cpu_time().saturating_sub(cpu0) * limits.intra_op_threads as u32;
-        cpu_used.inc_by(cpu.as_secs_f64());
-        budget.charge(t, cpu);
     }
 }
 

@@ -22,7 +22,7 @@ use crate::config::{ConfigHandle, ConsistencyConfig, Method};
 use crate::meter::metrics::Metrics;
 use crate::openai::Operation;
 use crate::openai::response::parse_response;
-use crate::quality::budget::{CpuBudget, thread_cpu_time};
+use crate::quality::budget::CpuBudget;
 use crate::quality::embed::{Embedder, bertscore_like};
 use crate::quality::lm::LmError;
 use crate::quality::{QualityEvent, Subject};
@@ -146,13 +146,12 @@ impl EmbedWorker {
     fn start(mut e: Embedder, budget: Arc<CpuBudget>, metrics: &Metrics) -> EmbedWorker {
         let (tx, rx) = std::sync::mpsc::channel::<EmbedTask>();
         let (paced, cpu_used) = (budget.clone(), metrics.scoring_cpu.with_label_values(&["embedding"]));
-        let threads = e.intra_op_threads() as u32;
+        let threads = e.intra_op_threads();
         let spawned = std::thread::Builder::new().name("goodput-embed".into()).spawn(move || {
             crate::quality::scorer::lower_priority();
             for (sentences, samples, reply) in rx {
                 paced.wait();
-                let (began, cpu0) = (std::time::Instant::now(), thread_cpu_time());
-                let mut run = || -> Result<Vec<f64>, LmError> {
+                let run = || -> Result<Vec<f64>, LmError> {
                     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
                     let sent_vecs = e.embed(&refs)?;
                     let mut sample_vecs = Vec::with_capacity(samples.len());
@@ -161,10 +160,7 @@ impl EmbedWorker {
                     }
                     Ok(bertscore_like(&sent_vecs, &sample_vecs))
                 };
-                let _ = reply.send(run());
-                let cpu = thread_cpu_time().saturating_sub(cpu0) * threads;
-                cpu_used.inc_by(cpu.as_secs_f64());
-                paced.charge(began, cpu);
+                let _ = reply.send(paced.spend(threads, &cpu_used, run));
             }
         });
         if let Err(err) = spawned {
