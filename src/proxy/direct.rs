@@ -269,22 +269,20 @@ async fn read_some(stream: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usi
     std::future::poll_fn(|cx| poll_read_some(stream, buf, READ_MIN, cx)).await
 }
 
-/// Read what the socket has into `buf`, with at least `want` bytes of room.
+/// Read what the socket has into `buf`, with at least `want` bytes of room. Through tokio's
+/// `poll_read`, which takes a short read as "drained" (as nginx does): the next poll waits for
+/// epoll instead of spending a `recv` on EAGAIN, and the client's write goes out one syscall
+/// sooner on every SSE event.
 fn poll_read_some(
-    stream: &TcpStream,
+    stream: &mut TcpStream,
     buf: &mut BytesMut,
     want: usize,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
-    loop {
-        if buf.capacity() - buf.len() < want {
-            buf.reserve(want);
-        }
-        match stream.try_read_buf(buf) {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready!(stream.poll_read_ready(cx))?,
-            r => return Poll::Ready(r),
-        }
+    if buf.capacity() - buf.len() < want {
+        buf.reserve(want);
     }
+    tokio_util::io::poll_read_buf(Pin::new(stream), cx, buf)
 }
 
 /// Parse a response head: `None` while incomplete; `(consumed, None)` for an interim 1xx.
@@ -550,7 +548,7 @@ impl Body for DirectBody {
             if this.decoder == Decoder::Done {
                 return Poll::Ready(None);
             }
-            let Some(stream) = &this.stream else { return Poll::Ready(None) };
+            let Some(stream) = &mut this.stream else { return Poll::Ready(None) };
             match ready!(poll_read_some(stream, &mut this.buf, this.want, cx)) {
                 Ok(0) if this.decoder == Decoder::Eof => {
                     this.decoder = Decoder::Done;
