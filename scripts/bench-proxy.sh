@@ -6,7 +6,7 @@
 # per-chunk forwarding latency on the wire (scripts/bench/chunk_latency.py), and finally
 # 1,000 concurrent streams held open while goodput's RSS is read.
 #
-#   scripts/bench-proxy.sh [RATES="500 1000"] [DURATION=15s] [REPS=3]
+#   scripts/bench-proxy.sh [RATES="500 1000"] [DURATION=15s] [REPS=3] [CHUNK_ROUNDS=3]
 #
 # Results go to target/bench/proxy.json and a markdown table on stdout (paste into BENCHMARKS.md).
 set -euo pipefail
@@ -71,9 +71,15 @@ chunk_latency() { # name -> json line
   sleep 0.5; echo "$port" > "$pf"
   wait "$cl"; kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
 }
-chunk_latency goodput
-chunk_latency nginx
-cat "$OUT/cl-goodput.json" "$OUT/cl-nginx.json" >&2
+# Rounds alternate the two proxies, so that both see the same machine noise; the table gives
+# the median over rounds of each round's percentile.
+: > "$OUT/cl-goodput.jsonl"; : > "$OUT/cl-nginx.jsonl"
+for _ in $(seq "${CHUNK_ROUNDS:-3}"); do
+  for name in goodput nginx; do
+    chunk_latency "$name"
+    tee -a "$OUT/cl-$name.jsonl" < "$OUT/cl-$name.json" >&2
+  done
+done
 
 # Memory with 1,000 streams open at once (slow upstream so that they overlap).
 kill "${pids[@]}" 2>/dev/null || true; pids=()
@@ -84,11 +90,13 @@ ulimit -n 65536 2>/dev/null || true
 python3 scripts/bench/open_streams.py "$GP" "$GP_PID" 1000 > "$OUT/streams.json"
 cat "$OUT/streams.json" >&2
 
-python3 - "$results" "$OUT/streams.json" "$OUT/proxy.json" "$OUT/cl-goodput.json" "$OUT/cl-nginx.json" <<'PY'
+python3 - "$results" "$OUT/streams.json" "$OUT/proxy.json" "$OUT/cl-goodput.jsonl" "$OUT/cl-nginx.jsonl" <<'PY'
 import json, statistics as st, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 streams = json.load(open(sys.argv[2]))
-cl = {"goodput": json.load(open(sys.argv[4])), "nginx": json.load(open(sys.argv[5]))}
+cl_runs = {n: [json.loads(l) for l in open(f)] for n, f in (("goodput", sys.argv[4]), ("nginx", sys.argv[5]))}
+cl = {n: {p: {"added_us": st.median(r[p]["added_us"] for r in rs), "rounds": [r[p]["added_us"] for r in rs]}
+          for p in ("p50", "p90", "p99")} for n, rs in cl_runs.items()}
 rows = []
 for stream in (0, 1):
     for rate in sorted({r["rate"] for r in runs}):
@@ -114,11 +122,12 @@ for r in rows:
     print(f"| {'stream' if r['stream'] else 'non-stream'} | {r['rate']} | {r['direct_p50_ms']:.3f} / {r['direct_p99_ms']:.3f} ms | "
           f"{us(r['goodput_added_p50_ms'])} / {us(r['goodput_added_p99_ms'])} | {us(r['nginx_added_p50_ms'])} / {us(r['nginx_added_p99_ms'])} | "
           f"{ratio:.2f} | {r['dropped']}/{r['failed']} |")
-print("\n| per-chunk added latency (on the wire, 2 ms between chunks) | p50 | p90 | p99 |")
-print("|---|---|---|---|")
+print(f"\n| per-chunk added latency (on the wire, 2 ms between chunks), median of {len(cl_runs['goodput'])} rounds | p50 | p90 | p99 | p50 of each round |")
+print("|---|---|---|---|---|")
 for name in ("goodput", "nginx"):
     c = cl[name]
-    print(f"| {name} | {c['p50']['added_us']:.0f} µs | {c['p90']['added_us']:.0f} µs | {c['p99']['added_us']:.0f} µs |")
+    print(f"| {name} | {c['p50']['added_us']:.0f} µs | {c['p90']['added_us']:.0f} µs | {c['p99']['added_us']:.0f} µs | "
+          + ", ".join(f"{v:.0f}" for v in c["p50"]["rounds"]) + " |")
 s = streams
 print(f"\n1,000 concurrent streams: {s['open_at_once']} open at once, {s['completed']} completed, {s['failed']} failed; "
       f"goodput RSS before {s['before']['VmRSS']}, with all open {s['with_streams_open']['VmRSS']}, peak (VmHWM) {s['after']['VmHWM']}.")
