@@ -40,7 +40,6 @@ start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TO
 SIM="${LINE##*addr=}"
 BIN="$A_BIN" start_goodput --upstream "http://$SIM"; GP_A="$GP"; PID_A="$GP_PID"
 BIN="$B_BIN" start_goodput --upstream "http://$SIM"; GP_B="$GP"; PID_B="$GP_PID"
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; } # utime + stime, clock ticks
 echo "sim=$SIM a=$GP_A ($REV_A) b=$GP_B (${REV_B:-working tree}) k6=$K6" >&2
 
 results="$OUT/ab-runs.jsonl"

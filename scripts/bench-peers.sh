@@ -64,9 +64,7 @@ for p in $PATHS; do
 done
 echo "paths: $(for p in $PATHS; do printf '%s=%s ' "$p" "${URL[$p]}"; done)" >&2
 
-tree() { local p="$1"; echo "$p"; for c in $(pgrep -P "$p" || true); do tree "$c"; done; }
-cpu_ticks() { local t=0; for p in $(tree "$1"); do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
-rss_kb() { local t=0; for p in $(tree "$1"); do v="$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)"; t=$((t + ${v:-0})); done; echo "$t"; }
+rss_kb() { local t=0; for p in $(proc_tree "$1"); do v="$(awk '/VmHWM/ {print $2}' "/proc/$p/status" 2>/dev/null || echo 0)"; t=$((t + ${v:-0})); done; echo "$t"; }
 
 k6_run() { # url rate stream duration -> json {med_ms,p99_ms,reqs,dropped,failed,checks_failed}
   local f="$OUT/k6-$RANDOM.json"

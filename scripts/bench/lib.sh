@@ -4,6 +4,10 @@ pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
+# CPU time (utime + stime, clock ticks) of a process and its children, e.g. nginx's workers.
+proc_tree() { local p="$1"; echo "$p"; for c in $(pgrep -P "$p" || true); do proc_tree "$c"; done; }
+cpu_ticks() { local t=0; for p in $(proc_tree "$1"); do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
+
 LINE=""
 start() { # start CMD... ; sets LINE to its first stdout line, appends its pid to pids
   local log; log="$(mktemp)"
