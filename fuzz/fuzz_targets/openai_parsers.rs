@@ -1,9 +1,10 @@
-//! What goodput reads of OpenAI requests and responses: never panics, and its two request
-//! rewrites change only what they say they change.
+//! What goodput reads of OpenAI requests and responses: never panics, the fast chunk reader
+//! answers as serde_json does, and the two request rewrites change only what they say they
+//! change.
 #![no_main]
 
 use goodput::openai::request::{RequestInfo, inject_include_usage, rewrite_model};
-use goodput::openai::response::{parse_chunk, parse_response};
+use goodput::openai::response::{parse_chunk, parse_chunk_serde, parse_response};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 use serde_json::value::RawValue;
@@ -16,10 +17,15 @@ fn without(mut v: Value, key: &str) -> Value {
 }
 
 fuzz_target!(|data: &[u8]| {
-    for c in [parse_chunk(data), parse_response(data)].into_iter().flatten() {
-        if c.usage_only {
+    for texts in [false, true] {
+        let c = parse_chunk(data, texts);
+        // The one-pass reader falls back to serde_json where it cannot vouch for the answer;
+        // where it answers, the answer must be serde_json's.
+        assert_eq!(c, parse_chunk_serde(data, texts), "fast and serde_json readings differ");
+        if let Some(c) = c.as_ref().filter(|c| c.usage_only) {
             assert!(c.usage.is_some() && !c.content, "usage_only without usage, or with content");
         }
+        assert_eq!(parse_response(data, texts), c);
     }
     let info = RequestInfo::parse(data);
     assert!(info.n >= 1);

@@ -42,7 +42,7 @@ fn usage_spans(stream: &[u8]) -> Vec<(usize, usize)> {
     let mut spans = Vec::new();
     let mut r = SseReader::default();
     let mut take = |e: goodput::openai::sse::SseEvent<'_>| {
-        if !e.truncated && parse_chunk(e.data).is_some_and(|c| c.usage_only) {
+        if !e.truncated && parse_chunk(e.data, false).is_some_and(|c| c.usage_only) {
             spans.push((e.start as usize, e.end as usize));
         }
     };

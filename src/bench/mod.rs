@@ -161,7 +161,7 @@ async fn one(client: &HttpClient, plan: &Plan, uri: &http::Uri, payload: Bytes, 
             if ev.is_done() || ev.truncated {
                 return;
             }
-            let Some(c) = parse_chunk(ev.data) else { return };
+            let Some(c) = parse_chunk(ev.data, plan.keep_text) else { return };
             if c.content {
                 match last_content {
                     None => s.ttft = Some(now.duration_since(t0).as_secs_f64()),
@@ -198,7 +198,7 @@ async fn one(client: &HttpClient, plan: &Plan, uri: &http::Uri, payload: Bytes, 
     } else {
         // A non-streaming answer arrives whole: its first token reaches the client with it.
         s.ttft = Some(s.e2e);
-        match parse_response(&whole) {
+        match parse_response(&whole, plan.keep_text) {
             Some(c) => {
                 if let Some(u) = c.usage {
                     s.prompt_tokens = u.prompt_tokens.unwrap_or(0);

@@ -114,7 +114,7 @@ impl ResponseMeter {
             if ev.truncated {
                 return;
             }
-            let Some(c) = parse_chunk(ev.data) else { return };
+            let Some(c) = parse_chunk(ev.data, obs.texts.is_some()) else { return };
             obs.error_event |= c.error;
             if let Some(u) = c.usage {
                 // With continuous_usage_stats a chunk may carry several tokens: ITL per token.
@@ -210,7 +210,7 @@ impl ResponseMeter {
     pub fn on_end(&mut self) -> Option<Bytes> {
         match &mut self.mode {
             Mode::Json(buf) => {
-                if let Some(r) = parse_response(buf) {
+                if let Some(r) = parse_response(buf, self.observed.texts.is_some()) {
                     self.observed.usage = r.usage;
                     self.observed.error_event |= r.error;
                     self.observed.finish_reason =
@@ -236,7 +236,7 @@ impl ResponseMeter {
                 let spans = &mut self.spans;
                 let obs = &mut self.observed;
                 reader.finish(|ev| {
-                    if let Some(c) = parse_chunk(ev.data)
+                    if let Some(c) = parse_chunk(ev.data, false)
                         && c.usage_only
                     {
                         obs.usage = c.usage;

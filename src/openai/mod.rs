@@ -2,6 +2,7 @@
 
 pub mod request;
 pub mod response;
+mod skim;
 pub mod sse;
 
 pub use request::{Operation, RequestInfo, inject_include_usage};

@@ -401,7 +401,7 @@ impl Engine {
             }
         };
         self.metrics.shadow_requests.with_label_values(&[backend, kind, "ok"]).inc();
-        let info = parse_response(&bytes)?;
+        let info = parse_response(&bytes, true)?;
         if let Some(u) = info.usage {
             let n = u.prompt_tokens.unwrap_or(0) + u.completion_tokens.unwrap_or(0);
             self.shadow_tokens.fetch_add(n, Ordering::Relaxed);

@@ -1,0 +1,529 @@
+//! The fast path of `parse_chunk`: one pass over a stream chunk (or a whole response), no
+//! allocation unless generated text is asked for.
+//!
+//! The meter parses every SSE event the proxy forwards, on the path of the event to the client;
+//! serde_json with derived structs took about 3,500 instructions and two allocations for a
+//! one-token chunk. This reader validates the JSON grammar in full while it looks only at the
+//! fields the meter needs, and it answers only where it is sure to agree with the serde_json
+//! reading in `response.rs`: anything unusual (a duplicate known key, an escaped key, a known
+//! field of an unexpected type, a surrogate escape that does not pair, deep nesting, invalid
+//! UTF-8) is `Unsure`, and the caller falls back to serde_json, which then decides. The
+//! `openai_parsers` fuzz target holds the two to the same answer.
+
+use std::borrow::Cow;
+
+use super::response::{ChunkInfo, Usage};
+
+/// This reader cannot vouch for the answer; serde_json must decide.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Unsure;
+
+type R<T> = Result<T, Unsure>;
+
+/// Well below serde_json's recursion limit (128), so that nothing it refuses for depth is
+/// accepted here.
+const MAX_DEPTH: u32 = 100;
+
+/// Bytes that end a run of plain string content: the quote, the escape, and the control
+/// characters JSON does not allow raw.
+static STOP: [bool; 256] = {
+    let mut t = [false; 256];
+    let mut c = 0;
+    while c < 0x20 {
+        t[c] = true;
+        c += 1;
+    }
+    t[b'"' as usize] = true;
+    t[b'\\' as usize] = true;
+    t
+};
+
+/// A string value as it stands in the input: the bytes between the quotes, and whether they
+/// hold escapes (then the text is the unescaped form).
+#[derive(Clone, Copy)]
+struct Str {
+    start: usize,
+    end: usize,
+    escaped: bool,
+}
+
+/// The fields of one `choices[]` element the meter uses, in the order `parse_chunk` reads
+/// them (the input may order them differently).
+#[derive(Default)]
+struct Choice {
+    index: Option<u32>,
+    /// content, reasoning_content, reasoning of `delta`, then of `message`, then `text`.
+    texts: [Option<Str>; 7],
+    tool_calls: bool,
+    finish_reason: Option<Str>,
+}
+
+pub fn chunk(data: &[u8], want_texts: bool) -> R<ChunkInfo<'_>> {
+    // serde_json checks UTF-8 only in the strings it keeps; checking all of it here means
+    // every string below can be sliced as text (and rejects nothing serde_json would accept
+    // that the fallback would not then take).
+    let s = std::str::from_utf8(data).map_err(|_| Unsure)?;
+    let mut p = Skim { s, b: s.as_bytes(), i: 0, depth: 0 };
+    let mut info = ChunkInfo::default();
+    let mut choices_seen: Option<bool> = None; // Some(any element) once `choices` is an array
+    p.ws();
+    p.object(
+        |key| match key {
+            b"choices" => 1,
+            b"usage" => 2,
+            b"error" => 3,
+            _ => 0,
+        },
+        |p, field| match field {
+            1 => {
+                if p.null()? {
+                    return Ok(());
+                }
+                let mut any = false;
+                p.array(|p| {
+                    any = true;
+                    let c = p.choice()?;
+                    p.emit(c, &mut info, want_texts);
+                    Ok(())
+                })?;
+                choices_seen = Some(any);
+                Ok(())
+            }
+            2 => {
+                if !p.null()? {
+                    info.usage = Some(p.usage()?);
+                }
+                Ok(())
+            }
+            3 => {
+                info.error = !p.null()?;
+                if info.error {
+                    p.value()?;
+                }
+                Ok(())
+            }
+            _ => p.value(),
+        },
+    )?;
+    p.ws();
+    if p.i != p.b.len() {
+        return Err(Unsure);
+    }
+    if choices_seen == Some(false) {
+        info.usage_only = info.usage.is_some();
+    }
+    Ok(info)
+}
+
+struct Skim<'a> {
+    s: &'a str,
+    b: &'a [u8],
+    i: usize,
+    depth: u32,
+}
+
+impl<'a> Skim<'a> {
+    fn ws(&mut self) {
+        while let Some(b' ' | b'\n' | b'\t' | b'\r') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    fn peek(&self) -> R<u8> {
+        self.b.get(self.i).copied().ok_or(Unsure)
+    }
+
+    fn eat(&mut self, c: u8) -> R<()> {
+        if self.peek()? != c {
+            return Err(Unsure);
+        }
+        self.i += 1;
+        Ok(())
+    }
+
+    fn enter(&mut self) -> R<()> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH { Err(Unsure) } else { Ok(()) }
+    }
+
+    /// A `null` (consumed, true), or leave anything else for the caller (false).
+    fn null(&mut self) -> R<bool> {
+        self.ws();
+        if self.peek()? == b'n' {
+            self.literal(b"null")?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn literal(&mut self, word: &[u8]) -> R<()> {
+        if self.b.get(self.i..self.i + word.len()) != Some(word) {
+            return Err(Unsure);
+        }
+        self.i += word.len();
+        Ok(())
+    }
+
+    /// An object. `classify` names each key's field (0: one the caller does not read);
+    /// `field` is called at each value with that number and must consume the value. A known
+    /// field seen twice is a serde_json error (duplicate field): `Unsure`.
+    fn object(
+        &mut self,
+        classify: impl Fn(&[u8]) -> u8,
+        mut field: impl FnMut(&mut Self, u8) -> R<()>,
+    ) -> R<()> {
+        self.ws();
+        self.eat(b'{')?;
+        self.enter()?;
+        let mut seen = 0u32;
+        self.ws();
+        if self.peek()? == b'}' {
+            self.i += 1;
+            self.depth -= 1;
+            return Ok(());
+        }
+        loop {
+            self.ws();
+            let k = self.string()?;
+            if k.escaped {
+                return Err(Unsure);
+            }
+            let id = classify(&self.b[k.start..k.end]);
+            if id != 0 {
+                if seen & (1 << id) != 0 {
+                    return Err(Unsure);
+                }
+                seen |= 1 << id;
+            }
+            self.ws();
+            self.eat(b':')?;
+            field(self, id)?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    self.depth -= 1;
+                    return Ok(());
+                }
+                _ => return Err(Unsure),
+            }
+        }
+    }
+
+    /// An array; `element` is called at each element and must consume it.
+    fn array(&mut self, mut element: impl FnMut(&mut Self) -> R<()>) -> R<()> {
+        self.ws();
+        self.eat(b'[')?;
+        self.enter()?;
+        self.ws();
+        if self.peek()? == b']' {
+            self.i += 1;
+            self.depth -= 1;
+            return Ok(());
+        }
+        loop {
+            element(self)?;
+            self.ws();
+            match self.peek()? {
+                b',' => self.i += 1,
+                b']' => {
+                    self.i += 1;
+                    self.depth -= 1;
+                    return Ok(());
+                }
+                _ => return Err(Unsure),
+            }
+        }
+    }
+
+    /// Any JSON value, validated and skipped.
+    fn value(&mut self) -> R<()> {
+        self.ws();
+        match self.peek()? {
+            b'{' => self.object(|_| 0, |p, _| p.value()),
+            b'[' => self.array(|p| p.value()),
+            b'"' => self.string().map(drop),
+            b't' => self.literal(b"true"),
+            b'f' => self.literal(b"false"),
+            b'n' => self.literal(b"null"),
+            b'-' | b'0'..=b'9' => self.number(),
+            _ => Err(Unsure),
+        }
+    }
+
+    /// A number, by JSON's grammar: -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?
+    fn number(&mut self) -> R<()> {
+        if self.peek()? == b'-' {
+            self.i += 1;
+        }
+        match self.peek()? {
+            b'0' => self.i += 1,
+            b'1'..=b'9' => self.digits(),
+            _ => return Err(Unsure),
+        }
+        if self.b.get(self.i) == Some(&b'.') {
+            self.i += 1;
+            self.some_digits()?;
+        }
+        if let Some(b'e' | b'E') = self.b.get(self.i) {
+            self.i += 1;
+            if let Some(b'+' | b'-') = self.b.get(self.i) {
+                self.i += 1;
+            }
+            self.some_digits()?;
+        }
+        // serde_json refuses a digit after a leading 0 ("01"); so does the caller's next
+        // expectation (',' '}' ']' or the end), here or above.
+        Ok(())
+    }
+
+    fn digits(&mut self) {
+        while let Some(b'0'..=b'9') = self.b.get(self.i) {
+            self.i += 1;
+        }
+    }
+
+    fn some_digits(&mut self) -> R<()> {
+        let at = self.i;
+        self.digits();
+        if self.i == at { Err(Unsure) } else { Ok(()) }
+    }
+
+    /// A non-negative integer as a u64 field takes it: plain digits (serde_json refuses a
+    /// fraction or an exponent there; a sign is left to it).
+    fn unsigned(&mut self) -> R<u64> {
+        self.ws();
+        let at = self.i;
+        match self.peek()? {
+            b'0' => self.i += 1,
+            b'1'..=b'9' => self.digits(),
+            _ => return Err(Unsure),
+        }
+        if let Some(b'.' | b'e' | b'E' | b'0'..=b'9') = self.b.get(self.i) {
+            return Err(Unsure);
+        }
+        let mut v: u64 = 0;
+        for &d in &self.b[at..self.i] {
+            v = v.checked_mul(10).and_then(|v| v.checked_add(u64::from(d - b'0'))).ok_or(Unsure)?;
+        }
+        Ok(v)
+    }
+
+    fn opt_u64(&mut self) -> R<Option<u64>> {
+        if self.null()? { Ok(None) } else { self.unsigned().map(Some) }
+    }
+
+    /// A string, validated (escapes, no raw control characters, surrogate escapes paired).
+    fn string(&mut self) -> R<Str> {
+        self.ws();
+        self.eat(b'"')?;
+        let start = self.i;
+        let mut escaped = false;
+        loop {
+            let b = self.b;
+            let mut i = self.i;
+            while i < b.len() && !STOP[b[i] as usize] {
+                i += 1;
+            }
+            match b.get(i) {
+                Some(b'"') => {
+                    self.i = i + 1;
+                    return Ok(Str { start, end: i, escaped });
+                }
+                Some(b'\\') => self.i = i + 1,
+                _ => return Err(Unsure), // a raw control character (serde_json refuses it), or the end
+            }
+            escaped = true;
+            match self.peek()? {
+                b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't' => self.i += 1,
+                b'u' => {
+                    self.i += 1;
+                    let u = self.hex4()?;
+                    if (0xDC00..0xE000).contains(&u) {
+                        return Err(Unsure);
+                    }
+                    if (0xD800..0xDC00).contains(&u) {
+                        if self.b.get(self.i..self.i + 2) != Some(b"\\u") {
+                            return Err(Unsure);
+                        }
+                        self.i += 2;
+                        if !(0xDC00..0xE000).contains(&self.hex4()?) {
+                            return Err(Unsure);
+                        }
+                    }
+                }
+                _ => return Err(Unsure),
+            }
+        }
+    }
+
+    fn hex4(&mut self) -> R<u32> {
+        let h = self.b.get(self.i..self.i + 4).ok_or(Unsure)?;
+        let mut v = 0u32;
+        for &c in h {
+            v = v * 16 + (c as char).to_digit(16).ok_or(Unsure)?;
+        }
+        self.i += 4;
+        Ok(v)
+    }
+
+    fn opt_str(&mut self) -> R<Option<Str>> {
+        if self.null()? { Ok(None) } else { self.string().map(Some) }
+    }
+
+    /// The text of a string value: borrowed from the input unless it holds escapes.
+    fn text(&self, v: Str) -> Cow<'a, str> {
+        let raw = &self.s[v.start..v.end];
+        if !v.escaped {
+            return Cow::Borrowed(raw);
+        }
+        let mut out = String::with_capacity(raw.len());
+        let mut it = raw.chars();
+        while let Some(c) = it.next() {
+            if c != '\\' {
+                out.push(c);
+                continue;
+            }
+            // `string` validated every escape, so each arm below has its bytes.
+            let e = it.next().unwrap_or('\\');
+            out.push(match e {
+                'b' => '\u{8}',
+                'f' => '\u{c}',
+                'n' => '\n',
+                'r' => '\r',
+                't' => '\t',
+                'u' => {
+                    let hi = hex_of(&mut it);
+                    if (0xD800..0xDC00).contains(&hi) {
+                        it.nth(1); // the `\u` of the low half
+                        let lo = hex_of(&mut it);
+                        char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)).unwrap_or('\u{FFFD}')
+                    } else {
+                        char::from_u32(hi).unwrap_or('\u{FFFD}')
+                    }
+                }
+                other => other, // " \ /
+            });
+        }
+        Cow::Owned(out)
+    }
+
+    fn choice(&mut self) -> R<Choice> {
+        self.ws();
+        if self.peek()? != b'{' {
+            return Err(Unsure); // serde would read a struct from an array too; let it
+        }
+        let mut c = Choice::default();
+        self.object(
+            |key| match key {
+                b"index" => 1,
+                b"delta" => 2,
+                b"message" => 3,
+                b"text" => 4,
+                b"finish_reason" => 5,
+                _ => 0,
+            },
+            |p, field| {
+                match field {
+                    1 => {
+                        c.index = match p.opt_u64()? {
+                            Some(v) => Some(u32::try_from(v).map_err(|_| Unsure)?),
+                            None => None,
+                        }
+                    }
+                    2 => p.message(&mut c, 0)?,
+                    3 => p.message(&mut c, 3)?,
+                    4 => c.texts[6] = p.opt_str()?,
+                    5 => c.finish_reason = p.opt_str()?,
+                    _ => p.value()?,
+                }
+                Ok(())
+            },
+        )?;
+        Ok(c)
+    }
+
+    /// `delta` or `message`: its text fields go to `c.texts[at..at + 3]`.
+    fn message(&mut self, c: &mut Choice, at: usize) -> R<()> {
+        if self.null()? {
+            return Ok(());
+        }
+        if self.peek()? != b'{' {
+            return Err(Unsure);
+        }
+        self.object(
+            |key| match key {
+                b"content" => 1,
+                b"reasoning_content" => 2,
+                b"reasoning" => 3,
+                b"tool_calls" => 4,
+                _ => 0,
+            },
+            |p, field| {
+                match field {
+                    1 => c.texts[at] = p.opt_str()?,
+                    2 => c.texts[at + 1] = p.opt_str()?,
+                    3 => c.texts[at + 2] = p.opt_str()?,
+                    4 => {
+                        if !p.null()? {
+                            p.value()?;
+                            c.tool_calls = true;
+                        }
+                    }
+                    _ => p.value()?,
+                }
+                Ok(())
+            },
+        )
+    }
+
+    fn usage(&mut self) -> R<Usage> {
+        if self.peek()? != b'{' {
+            return Err(Unsure);
+        }
+        let mut u = Usage::default();
+        self.object(
+            |key| match key {
+                b"prompt_tokens" => 1,
+                b"completion_tokens" => 2,
+                _ => 0,
+            },
+            |p, field| {
+                match field {
+                    1 => u.prompt_tokens = p.opt_u64()?,
+                    2 => u.completion_tokens = p.opt_u64()?,
+                    _ => p.value()?,
+                }
+                Ok(())
+            },
+        )?;
+        Ok(u)
+    }
+
+    /// Fold one choice into `info` as `parse_chunk` does.
+    fn emit(&self, c: Choice, info: &mut ChunkInfo<'a>, want_texts: bool) {
+        let idx = c.index.unwrap_or(0);
+        let mut has = c.tool_calls;
+        for t in c.texts.into_iter().flatten() {
+            if t.end > t.start {
+                has = true;
+                if want_texts {
+                    info.texts.push((idx, self.text(t)));
+                }
+            }
+        }
+        if has {
+            info.content = true;
+            info.content_choices += 1;
+        }
+        if let Some(f) = c.finish_reason {
+            info.finish_reasons.push((idx, self.text(f)));
+        }
+    }
+}
+
+/// Four hex digits `string` already validated.
+fn hex_of(it: &mut std::str::Chars<'_>) -> u32 {
+    it.by_ref().take(4).fold(0, |v, c| v * 16 + c.to_digit(16).unwrap_or(0))
+}
