@@ -273,12 +273,18 @@ async fn read_some(stream: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usi
 /// `poll_read`, which takes a short read as "drained" (as nginx does): the next poll waits for
 /// epoll instead of spending a `recv` on EAGAIN, and the client's write goes out one syscall
 /// sooner on every SSE event.
+///
+/// Room is made only once the socket is readable. hyper polls the body again right after
+/// taking a frame, before it writes that frame out; the frame still shares the buffer then,
+/// so reserving at that point allocated a new buffer (and its shared header) for every event.
+/// One poll later the frame has been written and dropped, and `reserve` reuses the buffer.
 fn poll_read_some(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     want: usize,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
+    ready!(stream.poll_read_ready(cx))?;
     if buf.capacity() - buf.len() < want {
         buf.reserve(want);
     }
