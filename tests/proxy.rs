@@ -305,6 +305,47 @@ async fn idle_timeout_and_reset_end_stream_without_invented_bytes() {
     }
 }
 
+/// The idle timeout counts from the last data, not from the start of the stream: a stream
+/// whose events keep coming runs past it, and one that stalls is cut `idle_ms` after its last
+/// event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_timeout_counts_from_the_last_event() {
+    let events: Vec<String> = (0..8)
+        .map(|i| format!("data: {{\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i}\"}}}}]}}\n\n"))
+        .collect();
+    let events: Vec<&str> = events.iter().map(String::as_str).collect();
+    for then in [Then::End, Then::Stall] {
+        // 8 events 100 ms apart: 700 ms of data, more than twice the idle timeout.
+        let canned = Canned { then, ..canned_sse(&events, Duration::from_millis(100)) };
+        let (up, _) = spawn_canned(vec![("/v1/chat/completions", canned)]).await;
+        let gp = Goodput::start(&config_for(up, "timeouts:\n  idle_ms: 300\n"));
+        let r = send(
+            gp.proxy,
+            post_json(
+                "/v1/chat/completions",
+                r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
+            ),
+        )
+        .await;
+        let ended = Instant::now();
+        assert_eq!(r.text(), events.concat(), "every event arrives");
+        let last = r.frames.last().map(|(t, _)| *t).expect("frames");
+        let rec = &gp.records(1).await[0];
+        if then == Then::End {
+            assert!(r.error.is_none(), "a stream with steady events must not time out: {:?}", r.error);
+            assert_eq!(rec["outcome"], "ok");
+        } else {
+            assert!(r.error.is_some(), "a stalled stream must end as an error");
+            assert_eq!(rec["outcome"], "timeout");
+            let silent = ended - last;
+            assert!(
+                silent >= Duration::from_millis(250) && silent < Duration::from_millis(1500),
+                "cut {silent:?} after the last event (idle_ms 300)"
+            );
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_5xx_with_non_json_body_is_forwarded_and_marked() {
     let c = Canned { status: 503, content_type: "text/html", ..canned_json("<html>overloaded</html>") };

@@ -84,8 +84,12 @@ pub struct MeteredBody {
     /// Counts the request as outstanding at its backend until the body is dropped; with
     /// metering, the request's final outcome goes to the backend's circuit breaker.
     dispatch: Option<Dispatch>,
+    /// Fires `idle_after` past `last_data` at the earliest. It is not moved on every frame
+    /// (that re-filed it in tokio's timer wheel for every SSE event); when it fires while data
+    /// has come since, it is re-armed for `last_data + idle_after`.
     idle: Pin<Box<Sleep>>,
     idle_after: Duration,
+    last_data: Instant,
     tail: Option<Bytes>,
     ended: bool,
     /// Something (the response head, then data) was handed to hyper since this body last
@@ -109,6 +113,7 @@ impl MeteredBody {
             dispatch,
             idle: Box::pin(tokio::time::sleep(idle_after)),
             idle_after,
+            last_data: Instant::now(),
             tail: None,
             ended: false,
             unflushed: true,
@@ -166,6 +171,22 @@ impl MeteredBody {
         recorder.submit(record);
     }
 
+    /// Whether the upstream has been silent for `idle_after`. Polls the timer, so that it wakes
+    /// this task; re-arms it when it fired early because data came in the meantime.
+    fn idle_expired(&mut self, cx: &mut Context<'_>) -> bool {
+        if self.idle.as_mut().poll(cx).is_pending() {
+            return false;
+        }
+        let due = self.last_data + self.idle_after;
+        // tokio's timer has millisecond ticks and fires at or after its deadline.
+        if Instant::now() + Duration::from_millis(1) >= due {
+            return true;
+        }
+        self.idle.as_mut().reset(due.into());
+        // Registers the re-armed timer with this task's waker.
+        self.idle.as_mut().poll(cx).is_ready()
+    }
+
     /// The upstream body is complete: release any held bytes and emit the record.
     fn end_of_upstream(&mut self) {
         self.ended = true;
@@ -204,7 +225,7 @@ impl Body for MeteredBody {
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => {
-                    if this.idle.as_mut().poll(cx).is_ready() {
+                    if this.idle_expired(cx) {
                         this.ended = true;
                         if let Some(m) = &this.metering {
                             (m.on_upstream_error)("timeout_idle");
@@ -237,7 +258,7 @@ impl Body for MeteredBody {
                 Poll::Ready(Some(Ok(frame))) => {
                     this.unflushed = true;
                     let now = Instant::now();
-                    this.idle.as_mut().reset((now + this.idle_after).into());
+                    this.last_data = now;
                     let frame = match frame.into_data() {
                         Ok(data) => {
                             let Some(m) = this.metering.as_mut() else {
