@@ -269,23 +269,24 @@ async fn read_some(stream: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usi
     std::future::poll_fn(|cx| poll_read_some(stream, buf, READ_MIN, cx)).await
 }
 
-/// Read what the socket has into `buf`, with at least `want` bytes of room. Through tokio's
-/// `poll_read`, which takes a short read as "drained" (as nginx does): the next poll waits for
-/// epoll instead of spending a `recv` on EAGAIN, and the client's write goes out one syscall
-/// sooner on every SSE event.
+/// Read what the socket has into `buf`, with room for at least `want / 2` bytes (`want` after
+/// growing it). Through tokio's `poll_read`, which takes a short read as "drained" (as nginx
+/// does): the next poll waits for epoll instead of spending a `recv` on EAGAIN, and the
+/// client's write goes out one syscall sooner on every SSE event.
 ///
-/// Room is made only once the socket is readable. hyper polls the body again right after
-/// taking a frame, before it writes that frame out; the frame still shares the buffer then,
-/// so reserving at that point allocated a new buffer (and its shared header) for every event.
-/// One poll later the frame has been written and dropped, and `reserve` reuses the buffer.
+/// SSE events are read into what is left of the buffer until less than half remains. Growing
+/// it waits until the socket is readable: hyper polls the body again right after taking a
+/// frame, before it writes that frame out, and the frame still shares the buffer then, so a
+/// `reserve` at that point allocated a new buffer. Once bytes have arrived, the frames before
+/// them have been written and dropped, and `reserve` takes the buffer back without allocating.
 fn poll_read_some(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     want: usize,
     cx: &mut Context<'_>,
 ) -> Poll<io::Result<usize>> {
-    ready!(stream.poll_read_ready(cx))?;
-    if buf.capacity() - buf.len() < want {
+    if buf.capacity() - buf.len() < want / 2 {
+        ready!(stream.poll_read_ready(cx))?;
         buf.reserve(want);
     }
     tokio_util::io::poll_read_buf(Pin::new(stream), cx, buf)
