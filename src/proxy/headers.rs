@@ -16,21 +16,25 @@ const HOP_BY_HOP: &[HeaderName] = &[
 
 /// Remove hop-by-hop headers, including any that `Connection` names.
 pub fn strip_hop_by_hop(h: &mut HeaderMap) {
-    let named: Vec<HeaderName> = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
-        .collect();
-    for n in named {
+    // One pass over the names (standard ones compare as enum values) finds what is there;
+    // most messages carry none of them, or only `Connection`, and a removal hashes its name.
+    let mut doomed: Vec<HeaderName> = Vec::new();
+    for (name, value) in h.iter() {
+        if name == header::CONNECTION {
+            let named = value.to_str().ok().into_iter().flat_map(|v| v.split(','));
+            doomed.extend(named.filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok()));
+        }
+        if is_hop_by_hop(name) && doomed.last() != Some(name) {
+            doomed.push(name.clone());
+        }
+    }
+    for n in doomed {
         h.remove(n);
     }
-    for n in HOP_BY_HOP {
-        h.remove(n);
-    }
-    h.remove("keep-alive");
-    h.remove("proxy-connection");
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    HOP_BY_HOP.contains(name) || name == "keep-alive" || name == "proxy-connection"
 }
 
 /// Append the client address to X-Forwarded-For and set X-Forwarded-Proto if absent.
@@ -38,14 +42,40 @@ pub fn add_forwarded(h: &mut HeaderMap, client: Option<IpAddr>) {
     if let Some(ip) = client {
         let xff = HeaderName::from_static("x-forwarded-for");
         let value = match h.get(&xff).and_then(|v| v.to_str().ok()) {
-            Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
-            _ => ip.to_string(),
+            Some(prev) if !prev.trim().is_empty() => HeaderValue::from_str(&format!("{prev}, {ip}")).ok(),
+            _ => Some(ip_value(ip)),
         };
-        if let Ok(v) = HeaderValue::from_str(&value) {
+        if let Some(v) = value {
             h.insert(xff, v);
         }
     }
     h.entry(HeaderName::from_static("x-forwarded-proto")).or_insert(HeaderValue::from_static("http"));
+}
+
+/// An address as a header value; IPv4 without the formatting machinery (every request has one).
+fn ip_value(ip: IpAddr) -> HeaderValue {
+    let IpAddr::V4(v4) = ip else {
+        return HeaderValue::from_str(&ip.to_string()).unwrap_or(HeaderValue::from_static("unknown"));
+    };
+    let mut buf = [0u8; 15];
+    let mut n = 0;
+    let mut push = |c: u8| {
+        buf[n] = c;
+        n += 1;
+    };
+    for (i, o) in v4.octets().into_iter().enumerate() {
+        if i > 0 {
+            push(b'.');
+        }
+        if o >= 100 {
+            push(b'0' + o / 100);
+        }
+        if o >= 10 {
+            push(b'0' + o / 10 % 10);
+        }
+        push(b'0' + o % 10);
+    }
+    HeaderValue::from_bytes(&buf[..n]).unwrap_or(HeaderValue::from_static("unknown"))
 }
 
 #[cfg(test)]
@@ -78,5 +108,43 @@ mod tests {
         add_forwarded(&mut h, Some("::1".parse().unwrap()));
         assert_eq!(h["x-forwarded-for"], "::1");
         assert_eq!(h["x-forwarded-proto"], "https");
+    }
+
+    #[test]
+    fn addresses_as_values() {
+        for ip in [
+            "0.0.0.0",
+            "10.0.0.1",
+            "127.0.0.1",
+            "192.168.100.9",
+            "255.255.255.255",
+            "8.80.108.99",
+            "2001:db8::1",
+            "::ffff:10.1.2.3",
+        ] {
+            let addr: IpAddr = ip.parse().unwrap();
+            assert_eq!(ip_value(addr), addr.to_string().as_str());
+        }
+    }
+
+    #[test]
+    fn nothing_to_strip_leaves_every_header() {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", "application/json".parse().unwrap());
+        h.append("x-a", "1".parse().unwrap());
+        h.append("x-a", "2".parse().unwrap());
+        let before = h.clone();
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h, before);
+        let mut h = HeaderMap::new();
+        h.append("connection", "close".parse().unwrap());
+        h.append("connection", "upgrade, x-b".parse().unwrap());
+        h.insert("upgrade", "websocket".parse().unwrap());
+        h.insert("x-b", "1".parse().unwrap());
+        h.insert("proxy-connection", "keep-alive".parse().unwrap());
+        h.insert("te", "trailers".parse().unwrap());
+        h.insert("x-c", "1".parse().unwrap());
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.keys().map(|k| k.as_str()).collect::<Vec<_>>(), vec!["x-c"]);
     }
 }
