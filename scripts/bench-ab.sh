@@ -18,23 +18,15 @@ DURATION="${DURATION:-10s}"
 REPS="${REPS:-3}"
 TOKENS="${TOKENS:-16}"
 OUT=target/bench
-mkdir -p "$OUT" target/ab
+mkdir -p "$OUT"
 
-build_rev() { # REV -> path of its release binary
-  local rev="$1" dir="target/ab/src-$1"
-  if [ ! -d "$dir" ]; then git worktree add --detach "$dir" "$rev" >&2; fi
-  (cd "$dir" && cargo build --release --quiet --bin goodput --target-dir ../target >&2)
-  echo "target/ab/target/release/goodput-$rev"
-  cp -f target/ab/target/release/goodput "target/ab/target/release/goodput-$rev"
-}
+# shellcheck source=scripts/bench/lib.sh
+source scripts/bench/lib.sh
 
 K6="$(scripts/setup-bench.sh | tail -1)"
 A_BIN="$(build_rev "$REV_A" | tail -1)"
 if [ -n "$REV_B" ]; then B_BIN="$(build_rev "$REV_B" | tail -1)"; else cargo build --release --quiet; B_BIN=target/release/goodput; fi
 BIN=target/release/goodput
-
-# shellcheck source=scripts/bench/lib.sh
-source scripts/bench/lib.sh
 
 start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
 SIM="${LINE##*addr=}"

@@ -8,6 +8,15 @@ trap cleanup EXIT
 proc_tree() { local p="$1"; echo "$p"; for c in $(pgrep -P "$p" || true); do proc_tree "$c"; done; }
 cpu_ticks() { local t=0; for p in $(proc_tree "$1"); do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
 
+build_rev() { # REV -> path of its release binary, built in a git worktree under target/ab
+  local rev="$1" dir="target/ab/src-$1"
+  mkdir -p target/ab
+  if [ ! -d "$dir" ]; then git worktree add --detach "$dir" "$rev" >&2; fi
+  (cd "$dir" && cargo build --release --quiet --bin goodput --target-dir ../target >&2)
+  echo "target/ab/target/release/goodput-$rev"
+  cp -f target/ab/target/release/goodput "target/ab/target/release/goodput-$rev"
+}
+
 LINE=""
 start() { # start CMD... ; sets LINE to its first stdout line, appends its pid to pids
   local log; log="$(mktemp)"
