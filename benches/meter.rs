@@ -2,11 +2,14 @@
 //!
 //! Feeds realistic vLLM chat chunks (one event per frame, ~240 bytes) through `ResponseMeter`
 //! as the proxy does for every frame it forwards, and reports the median time per chunk over
-//! repeated runs, next to the bare SSE reader and a plain `Bytes` clone (the floor).
+//! repeated runs, next to the bare SSE reader and a plain `Bytes` clone (the floor). The chunk
+//! reader is also timed against serde_json's reading of the same chunks (its fallback), and on
+//! a whole non-streaming response of about 2 KB.
 
 use bytes::Bytes;
 use goodput::meter::observe::ResponseMeter;
 use goodput::openai::SseReader;
+use goodput::openai::response::{parse_chunk, parse_chunk_serde};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -60,6 +63,35 @@ fn main() {
             black_box(m.on_end());
         })
     };
+    let payloads: Vec<Bytes> = frames().iter().map(|f| f.slice(6..f.len() - 2)).collect(); // the JSON of each event
+    let read_with = |f: fn(&[u8], bool) -> Option<goodput::openai::ChunkInfo<'_>>| {
+        let payloads = payloads.clone();
+        assert!(payloads.iter().all(|p| f(p, false).is_some_and(|c| c.content)), "every chunk reads");
+        median_ns_per_chunk(move |_| {
+            for p in &payloads {
+                black_box(f(p, false));
+            }
+        })
+    };
+    let fast = read_with(parse_chunk);
+    let serde = read_with(parse_chunk_serde);
+    // Generated text as JSON escapes it: quotes and newlines.
+    let words = "The quick brown fox jumps over the lazy dog, and then \"explains\" why.\n".repeat(28);
+    let words = serde_json::to_string(&words).expect("a string");
+    let response = format!(
+        "{{\"id\":\"chatcmpl-1\",\"object\":\"chat.completion\",\"created\":1733000000,\"model\":\"Qwen/Qwen2.5-1.5B-Instruct\",\"choices\":[{{\"index\":0,\"message\":{{\"role\":\"assistant\",\"content\":{words}}},\"logprobs\":null,\"finish_reason\":\"stop\"}}],\"usage\":{{\"prompt_tokens\":20,\"total_tokens\":420,\"completion_tokens\":400}}}}"
+    );
+    let whole = |f: fn(&[u8], bool) -> Option<goodput::openai::ChunkInfo<'_>>| {
+        let r = response.clone();
+        let read = f(r.as_bytes(), true).expect("the response reads");
+        assert!(read.texts.len() == 1 && read.usage.is_some(), "the response reads whole");
+        median_ns_per_chunk(move |_| {
+            for _ in 0..CHUNKS / 20 {
+                black_box(f(r.as_bytes(), true));
+            }
+        }) * 20.0
+    };
+    let (resp_fast, resp_serde) = (whole(parse_chunk), whole(parse_chunk_serde));
     let pass = meter(false, false);
     let strip = meter(true, false);
     let text = meter(true, true);
@@ -69,4 +101,15 @@ fn main() {
     println!("  ResponseMeter (client asked for usage)   {pass:>8.0} ns");
     println!("  ResponseMeter (usage injected, stripped) {strip:>8.0} ns");
     println!("  ResponseMeter (+ text for tokenizer)     {text:>8.0} ns");
+    println!("  parse_chunk (one-pass reader)            {fast:>8.0} ns");
+    println!(
+        "  parse_chunk_serde (serde_json)           {serde:>8.0} ns   ({:.2}x the reader's)",
+        serde / fast
+    );
+    println!("per response of {} bytes, with its text:", response.len());
+    println!("  parse_response (one-pass reader)         {resp_fast:>8.0} ns");
+    println!(
+        "  serde_json                               {resp_serde:>8.0} ns   ({:.2}x the reader's)",
+        resp_serde / resp_fast
+    );
 }

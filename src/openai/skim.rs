@@ -38,6 +38,28 @@ static STOP: [bool; 256] = {
     t
 };
 
+/// Skips plain string content eight bytes at a time: returns the first position at or after
+/// `i` that may be a quote, an escape or a control character, or where fewer than eight bytes
+/// remain (the caller's byte loop settles both). Generated text makes strings long.
+fn plain_run(b: &[u8], mut i: usize) -> usize {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    // The high bit of each byte that is zero; exact for the lowest such byte (a borrow can
+    // only flag bytes above a true one), which is the one used.
+    let zero = |v: u64| v.wrapping_sub(ONES) & !v & HIGH;
+    while let Some(w) = b.get(i..i + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) {
+        let w = u64::from_le_bytes(w);
+        let stop = zero(w ^ (ONES * u64::from(b'"')))
+            | zero(w ^ (ONES * u64::from(b'\\')))
+            | (w.wrapping_sub(ONES * 0x20) & !w & HIGH); // bytes below 0x20
+        if stop != 0 {
+            return i + (stop.trailing_zeros() / 8) as usize;
+        }
+        i += 8;
+    }
+    i
+}
+
 /// A string value as it stands in the input: the bytes between the quotes, and whether they
 /// hold escapes (then the text is the unescaped form).
 #[derive(Clone, Copy)]
@@ -322,7 +344,7 @@ impl<'a> Skim<'a> {
         let mut escaped = false;
         loop {
             let b = self.b;
-            let mut i = self.i;
+            let mut i = plain_run(b, self.i);
             while i < b.len() && !STOP[b[i] as usize] {
                 i += 1;
             }
@@ -378,34 +400,37 @@ impl<'a> Skim<'a> {
         if !v.escaped {
             return Cow::Borrowed(raw);
         }
+        // Runs between escapes are copied whole; `string` validated every escape, so each
+        // has its bytes (`get` keeps a mistake from panicking all the same).
         let mut out = String::with_capacity(raw.len());
-        let mut it = raw.chars();
-        while let Some(c) = it.next() {
-            if c != '\\' {
-                out.push(c);
-                continue;
-            }
-            // `string` validated every escape, so each arm below has its bytes.
-            let e = it.next().unwrap_or('\\');
-            out.push(match e {
-                'b' => '\u{8}',
-                'f' => '\u{c}',
-                'n' => '\n',
-                'r' => '\r',
-                't' => '\t',
-                'u' => {
-                    let hi = hex_of(&mut it);
+        let mut rest = raw;
+        while let Some(j) = memchr::memchr(b'\\', rest.as_bytes()) {
+            out.push_str(&rest[..j]);
+            let esc = rest.as_bytes().get(j + 1).copied().unwrap_or(b'\\');
+            let mut used = 2;
+            out.push(match esc {
+                b'b' => '\u{8}',
+                b'f' => '\u{c}',
+                b'n' => '\n',
+                b'r' => '\r',
+                b't' => '\t',
+                b'u' => {
+                    let hi = hex_at(rest, j + 2);
+                    used = 6;
                     if (0xD800..0xDC00).contains(&hi) {
-                        it.nth(1); // the `\u` of the low half
-                        let lo = hex_of(&mut it);
-                        char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo - 0xDC00)).unwrap_or('\u{FFFD}')
+                        let lo = hex_at(rest, j + 8); // past the `\u` of the low half
+                        used = 12;
+                        char::from_u32(0x10000 + ((hi - 0xD800) << 10) + (lo.wrapping_sub(0xDC00) & 0x3FF))
+                            .unwrap_or('\u{FFFD}')
                     } else {
                         char::from_u32(hi).unwrap_or('\u{FFFD}')
                     }
                 }
-                other => other, // " \ /
+                other => char::from(other), // " \ /
             });
+            rest = rest.get(j + used..).unwrap_or("");
         }
+        out.push_str(rest);
         Cow::Owned(out)
     }
 
@@ -523,7 +548,42 @@ impl<'a> Skim<'a> {
     }
 }
 
-/// Four hex digits `string` already validated.
-fn hex_of(it: &mut std::str::Chars<'_>) -> u32 {
-    it.by_ref().take(4).fold(0, |v, c| v * 16 + c.to_digit(16).unwrap_or(0))
+/// The four hex digits at `at`, which `string` already validated.
+fn hex_at(s: &str, at: usize) -> u32 {
+    let digits = s.as_bytes().get(at..at + 4).unwrap_or(b"0000");
+    digits.iter().fold(0, |v, &c| v * 16 + (c as char).to_digit(16).unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The word-at-a-time skip stops exactly where the byte loop would, for every stop byte
+    /// at every position (and with several in one word).
+    #[test]
+    fn plain_run_stops_where_the_byte_loop_does() {
+        let by_bytes = |b: &[u8], i: usize| (i..b.len()).find(|&j| STOP[b[j] as usize]).unwrap_or(b.len());
+        for stop in [b'"', b'\\', 0x00, 0x1F, b'\n', b'\t'] {
+            for len in 0..24 {
+                for at in 0..len {
+                    let mut v = vec![b'a'; len];
+                    v[at] = stop;
+                    for start in 0..=at {
+                        let i = plain_run(&v, start);
+                        assert!(i <= at, "skipped a stop byte: {v:?} from {start}");
+                        assert_eq!(by_bytes(&v, i), by_bytes(&v, start));
+                        // A second stop later in the same word does not hide the first.
+                        if at + 2 < len {
+                            v[at + 2] = b'"';
+                            assert!(plain_run(&v, start) <= at);
+                            v[at + 2] = b'a';
+                        }
+                    }
+                }
+            }
+        }
+        // Bytes that are not stops, near the thresholds and with the high bit set (UTF-8).
+        let plain: Vec<u8> = [0x20, 0x21, 0x23, 0x5B, 0x5D, 0x7F, 0x80, 0xA2, 0xDC, 0xFF].repeat(3);
+        assert_eq!(plain_run(&plain, 0), plain.len() - plain.len() % 8);
+    }
 }
