@@ -3,9 +3,11 @@
 # artificial delay), the same open-loop k6 load, direct vs build A vs build B alternated REPS
 # times, so both builds see the same machine noise. Reports medians of the per-run p50/p99 and
 # the added latency over direct, and each build's CPU time (utime + stime) per request, B as a
-# ratio to A.
+# ratio to A. Then per-chunk latency on the wire (scripts/bench/chunk_latency.py), A, B and
+# nginx alternated CHUNK_ROUNDS times.
 #
 #   scripts/bench-ab.sh REV_A [REV_B=working tree] [RATES="500 1000"] [DURATION=10s] [REPS=3]
+#                       [CHUNK_ROUNDS=3]
 #
 # REV_A is built in a git worktree under target/ab (its own target directory: the first run
 # compiles every dependency once). Results: target/bench/ab-runs.jsonl and a table on stdout.
@@ -75,4 +77,28 @@ for stream in (0, 1):
                                           if r["stream"] == stream and r["rate"] == rate and r["path"] == p)
         ca, cb = cpu("a"), cpu("b")
         print(f"| {'stream' if stream else 'non-stream'} | {rate} | {d50:.3f} / {d99:.3f} ms | {a50:.0f} µs / {a99:.0f} µs | {b50:.0f} µs / {b99:.0f} µs | {b50 / a50:.2f} | {ca:.0f} / {cb:.0f} µs | {cb / ca:.2f} | {bad} |")
+PY
+
+# Per-chunk latency on the wire: rounds alternate A, B and nginx (the same machine noise for
+# all three); the table gives the median over rounds of each round's added p50 and p99.
+kill "${pids[@]}" 2>/dev/null || true; pids=()
+scripts/setup-bench.sh >/dev/null # nginx
+for name in a b nginx; do : > "$OUT/cl-ab-$name.jsonl"; done
+for _ in $(seq "${CHUNK_ROUNDS:-3}"); do
+  for name in a b nginx; do
+    case "$name" in a) proxy="$A_BIN" ;; b) proxy="$B_BIN" ;; nginx) proxy=nginx ;; esac
+    chunk_latency "ab-$name" "$proxy"
+    tee -a "$OUT/cl-ab-$name.jsonl" < "$OUT/cl-ab-$name.json" >&2
+  done
+done
+python3 - "$OUT" "$REV_A" "${REV_B:-working tree}" <<'PY'
+import json, statistics, sys
+out, a, b = sys.argv[1:4]
+runs = {n: [json.loads(l) for l in open(f"{out}/cl-ab-{n}.jsonl")] for n in ("a", "b", "nginx")}
+print(f"\n| per-chunk added latency (on the wire, 2 ms between chunks), median of {len(runs['a'])} rounds | p50 | p99 | p50 of each round |")
+print("|---|---|---|---|")
+for n, label in (("a", f"A ({a})"), ("b", f"B ({b})"), ("nginx", "nginx")):
+    p50 = [r["p50"]["added_us"] for r in runs[n]]
+    p99 = [r["p99"]["added_us"] for r in runs[n]]
+    print(f"| {label} | {statistics.median(p50):.0f} µs | {statistics.median(p99):.0f} µs | " + ", ".join(f"{v:.0f}" for v in p50) + " |")
 PY

@@ -55,28 +55,12 @@ done
 
 # Per-chunk forwarding latency on the wire, goodput then nginx, each against direct.
 kill "${pids[@]}" 2>/dev/null || true; pids=()
-chunk_latency() { # name -> json line
-  local pf="$OUT/pport-$1"; rm -f "$pf" "$OUT/cl-$1.err"
-  python3 scripts/bench/chunk_latency.py "$pf" "${CHUNK_REQS:-150}" 32 2>"$OUT/cl-$1.err" > "$OUT/cl-$1.json" &
-  local cl=$!
-  for _ in $(seq 100); do grep -q upstream= "$OUT/cl-$1.err" 2>/dev/null && break; sleep 0.05; done
-  local up; up="$(sed -n 's/upstream=//p' "$OUT/cl-$1.err")"
-  local port; port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-  if [ "$1" = goodput ]; then
-    $BIN serve --upstream "http://127.0.0.1:$up" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 >/dev/null 2>&1 &
-  else
-    NGINX_WORKERS=1 scripts/bench/nginx.sh "$up" "$port" "$PWD/$OUT/nginx-cl" >/dev/null 2>&1 &
-  fi
-  local p=$!
-  sleep 0.5; echo "$port" > "$pf"
-  wait "$cl"; kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
-}
 # Rounds alternate the two proxies, so that both see the same machine noise; the table gives
 # the median over rounds of each round's percentile.
 : > "$OUT/cl-goodput.jsonl"; : > "$OUT/cl-nginx.jsonl"
 for _ in $(seq "${CHUNK_ROUNDS:-3}"); do
   for name in goodput nginx; do
-    chunk_latency "$name"
+    if [ "$name" = goodput ]; then chunk_latency "$name" "$BIN"; else chunk_latency "$name" nginx; fi
     tee -a "$OUT/cl-$name.jsonl" < "$OUT/cl-$name.json" >&2
   done
 done

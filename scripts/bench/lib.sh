@@ -17,6 +17,26 @@ build_rev() { # REV -> path of its release binary, built in a git worktree under
   cp -f target/ab/target/release/goodput "target/ab/target/release/goodput-$rev"
 }
 
+# Per-chunk forwarding latency on the wire (scripts/bench/chunk_latency.py is the upstream and
+# the client) through PROXY: a goodput binary, or "nginx". Writes $OUT/cl-NAME.json.
+chunk_latency() { # NAME PROXY
+  local name="$1" proxy="$2" pf="$OUT/pport-$1" up port p cl
+  rm -f "$pf" "$OUT/cl-$name.err"
+  python3 scripts/bench/chunk_latency.py "$pf" "${CHUNK_REQS:-150}" 32 2>"$OUT/cl-$name.err" > "$OUT/cl-$name.json" &
+  cl=$!
+  for _ in $(seq 100); do grep -q upstream= "$OUT/cl-$name.err" 2>/dev/null && break; sleep 0.05; done
+  up="$(sed -n 's/upstream=//p' "$OUT/cl-$name.err")"
+  port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+  if [ "$proxy" = nginx ]; then
+    NGINX_WORKERS=1 scripts/bench/nginx.sh "$up" "$port" "$PWD/$OUT/nginx-cl" >/dev/null 2>&1 &
+  else
+    "$proxy" serve --upstream "http://127.0.0.1:$up" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 >/dev/null 2>&1 &
+  fi
+  p=$!
+  sleep 0.5; echo "$port" > "$pf"
+  wait "$cl"; kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
+}
+
 LINE=""
 start() { # start CMD... ; sets LINE to its first stdout line, appends its pid to pids
   local log; log="$(mktemp)"
