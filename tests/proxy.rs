@@ -18,6 +18,9 @@ const CHAT_STREAM: &[&str] = &[
 ];
 const USAGE_EVENT: &str = "data: {\"id\":\"c1\",\"object\":\"chat.completion.chunk\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":3,\"total_tokens\":8}}\n\n";
 const DONE: &str = "data: [DONE]\n\n";
+/// A streaming chat request whose client asked for usage (nothing is injected or stripped).
+const STREAM_WITH_USAGE: &str =
+    r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#;
 
 fn chat_stream_with_usage() -> Vec<&'static str> {
     let mut v = CHAT_STREAM.to_vec();
@@ -89,12 +92,7 @@ async fn byte_transparent_for_every_path() {
     let mut burst = canned_sse(&chat_stream_with_usage(), Duration::ZERO);
     burst.gap = Duration::ZERO;
     let mut cases = cases;
-    cases.push((
-        "/v1/chat/completions",
-        "POST",
-        burst,
-        r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
-    ));
+    cases.push(("/v1/chat/completions", "POST", burst, STREAM_WITH_USAGE));
     // Both upstream paths: goodput's own HTTP/1.1 client (metered requests to http://
     // backends, the default) and the general pooled client.
     for ((path, method, canned, body), direct) in
@@ -284,14 +282,7 @@ async fn idle_timeout_and_reset_end_stream_without_invented_bytes() {
         let canned = Canned { then, ..canned_sse(&CHAT_STREAM[..2], Duration::from_millis(5)) };
         let (up, _) = spawn_canned(vec![("/v1/chat/completions", canned)]).await;
         let gp = Goodput::start(&config_for(up, extra));
-        let r = send(
-            gp.proxy,
-            post_json(
-                "/v1/chat/completions",
-                r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
-            ),
-        )
-        .await;
+        let r = send(gp.proxy, post_json("/v1/chat/completions", STREAM_WITH_USAGE)).await;
         assert_eq!(r.status, 200);
         assert_eq!(
             r.text(),
@@ -319,14 +310,7 @@ async fn idle_timeout_counts_from_the_last_event() {
         let canned = Canned { then, ..canned_sse(&events, Duration::from_millis(100)) };
         let (up, _) = spawn_canned(vec![("/v1/chat/completions", canned)]).await;
         let gp = Goodput::start(&config_for(up, "timeouts:\n  idle_ms: 300\n"));
-        let r = send(
-            gp.proxy,
-            post_json(
-                "/v1/chat/completions",
-                r#"{"model":"m1","stream":true,"stream_options":{"include_usage":true},"messages":[]}"#,
-            ),
-        )
-        .await;
+        let r = send(gp.proxy, post_json("/v1/chat/completions", STREAM_WITH_USAGE)).await;
         let ended = Instant::now();
         assert_eq!(r.text(), events.concat(), "every event arrives");
         let last = r.frames.last().map(|(t, _)| *t).expect("frames");

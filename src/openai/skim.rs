@@ -194,14 +194,8 @@ impl<'a> Skim<'a> {
         classify: impl Fn(&[u8]) -> u8,
         mut field: impl FnMut(&mut Self, u8) -> R<()>,
     ) -> R<()> {
-        self.ws();
-        self.eat(b'{')?;
-        self.enter()?;
         let mut seen = 0u32;
-        self.ws();
-        if self.peek()? == b'}' {
-            self.i += 1;
-            self.depth -= 1;
+        if self.open(b'{', b'}')? {
             return Ok(());
         }
         loop {
@@ -220,42 +214,53 @@ impl<'a> Skim<'a> {
             self.ws();
             self.eat(b':')?;
             field(self, id)?;
-            self.ws();
-            match self.peek()? {
-                b',' => self.i += 1,
-                b'}' => {
-                    self.i += 1;
-                    self.depth -= 1;
-                    return Ok(());
-                }
-                _ => return Err(Unsure),
+            if self.next_or_close(b'}')? {
+                return Ok(());
             }
         }
     }
 
     /// An array; `element` is called at each element and must consume it.
     fn array(&mut self, mut element: impl FnMut(&mut Self) -> R<()>) -> R<()> {
-        self.ws();
-        self.eat(b'[')?;
-        self.enter()?;
-        self.ws();
-        if self.peek()? == b']' {
-            self.i += 1;
-            self.depth -= 1;
+        if self.open(b'[', b']')? {
             return Ok(());
         }
         loop {
             element(self)?;
-            self.ws();
-            match self.peek()? {
-                b',' => self.i += 1,
-                b']' => {
-                    self.i += 1;
-                    self.depth -= 1;
-                    return Ok(());
-                }
-                _ => return Err(Unsure),
+            if self.next_or_close(b']')? {
+                return Ok(());
             }
+        }
+    }
+
+    /// Enter an object or array at `open`; true if it is empty (then already closed).
+    fn open(&mut self, open: u8, close: u8) -> R<bool> {
+        self.ws();
+        self.eat(open)?;
+        self.enter()?;
+        self.ws();
+        if self.peek()? == close {
+            self.i += 1;
+            self.depth -= 1;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// After a member or element: a comma (false, another follows) or `close` (true, done).
+    fn next_or_close(&mut self, close: u8) -> R<bool> {
+        self.ws();
+        match self.peek()? {
+            b',' => {
+                self.i += 1;
+                Ok(false)
+            }
+            c if c == close => {
+                self.i += 1;
+                self.depth -= 1;
+                Ok(true)
+            }
+            _ => Err(Unsure),
         }
     }
 
