@@ -1,5 +1,5 @@
-//! What goodput reads of OpenAI requests and responses: never panics, the fast chunk reader
-//! answers as serde_json does, and the two request rewrites change only what they say they
+//! What goodput reads of OpenAI requests and responses: never panics, the fast chunk and
+//! request readers answer as serde_json does, and the two request rewrites change only what they say they
 //! change.
 #![no_main]
 
@@ -28,6 +28,8 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(parse_response(data, texts), c);
     }
     let info = RequestInfo::parse(data);
+    // The same for the one-pass request reader.
+    assert_eq!(info, RequestInfo::parse_serde(data), "fast and serde_json request readings differ");
     assert!(info.n >= 1);
     // JSON's grammar bounds no number, so a well-formed body may not fit a `Value` (1e999):
     // well-formedness is checked on the raw text, equality wherever `Value` can hold both.

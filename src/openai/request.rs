@@ -63,7 +63,16 @@ struct Fields {
 }
 
 impl RequestInfo {
+    /// One pass that reads only these fields (`skim::request`), and serde_json where that
+    /// reader is unsure.
     pub fn parse(body: &[u8]) -> RequestInfo {
+        super::skim::request(body).unwrap_or_else(|_| Self::parse_serde(body))
+    }
+
+    /// serde_json's reading: the fallback of `parse`, and its reference (the `openai_parsers`
+    /// fuzz target holds the two to the same answer).
+    #[doc(hidden)]
+    pub fn parse_serde(body: &[u8]) -> RequestInfo {
         // Lenient on types: a wrong type is the upstream's error to report, not ours.
         let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
         // JSON is UTF-8. serde skips unknown members without checking their strings, so a body
@@ -299,6 +308,60 @@ mod tests {
         let i = RequestInfo::parse(&out);
         assert_eq!((i.model.as_deref(), i.stream), (Some("Qwen/Qwen2.5-7B"), true));
         assert!(rewrite_model(b"[1]", "m").is_none());
+    }
+
+    const REQUESTS: &[&str] = &[
+        r#"{"model":"m","stream":true,"n":2,"max_tokens":5,"messages":[{"role":"user","content":"hi"}]}"#,
+        r#"{"model":"Qwen/Qwen2.5-7B-Instruct","messages":[{"role":"system","content":"You are \"helpful\".\n"},{"role":"user","content":[{"type":"text","text":"caf\u00e9 \ud83d\ude00"}]}],"temperature":0.7,"top_p":1e-1,"stop":null,"stream":false}"#,
+        r#"{"stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true,"x":[1,{}]},"max_completion_tokens":7,"max_tokens":null}"#,
+        r#"{"model":"m","prompt":["a","b"],"n":5000,"stream":null,"stream_options":null,"logprobs":3,"echo":false}"#,
+        r#"  { "model" : "m\u002fx" , "stream" : true , "tools" : [ { "type" : "function" } ] }  "#,
+        r#"{}"#,
+    ];
+
+    #[test]
+    fn the_fast_request_reader_answers_as_serde_does() {
+        for s in REQUESTS {
+            let fast = crate::openai::skim::request(s.as_bytes());
+            assert!(fast.is_ok(), "fast path gave up on {s}");
+            assert_eq!(fast.ok(), Some(RequestInfo::parse_serde(s.as_bytes())), "{s}");
+        }
+        let i = RequestInfo::parse(REQUESTS[4].as_bytes());
+        assert_eq!(i.model.as_deref(), Some("m/x"));
+        for s in [
+            r#"{"model":5,"stream":"yes","n":-3}"#,
+            r#"{"model":"a","model":"b"}"#,
+            r#"{"mod\u0065l":"a"}"#,
+            r#"{"n":2.0}"#,
+            r#"{"n":18446744073709551616}"#,
+            r#"{"stream_options":true}"#,
+            r#"{"stream_options":{"include_usage":true,"include_usage":false}}"#,
+            r#"{"max_completion_tokens":"7","max_tokens":3}"#,
+            // Found by fuzzing: serde_json builds stream_options as a `Value`, where a
+            // number out of f64's range is an error (at the top level it is skipped).
+            r#"{"stream_options":{"x":1e999}}"#,
+            r#"{"stream_options":{"x":[1.5]}}"#,
+            r#"{"stream_options":{"x":1234567890123456789012}}"#,
+            r#"{"a":1} x"#,
+            "[1]",
+            "\u{c}{}",
+            "",
+        ] {
+            assert_eq!(crate::openai::skim::request(s.as_bytes()), Err(crate::openai::skim::Unsure), "{s}");
+            assert_eq!(RequestInfo::parse(s.as_bytes()), RequestInfo::parse_serde(s.as_bytes()), "{s}");
+        }
+    }
+
+    /// Mutated requests: wherever the fast reader answers, serde_json answers the same.
+    #[test]
+    fn the_fast_request_reader_agrees_with_serde_under_mutation() {
+        crate::openai::mutated(REQUESTS, |v, _| {
+            let fast = crate::openai::skim::request(v);
+            if let Ok(fast) = &fast {
+                assert_eq!(fast, &RequestInfo::parse_serde(v), "{}", String::from_utf8_lossy(v));
+            }
+            fast.is_ok()
+        });
     }
 
     #[test]

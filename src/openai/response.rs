@@ -289,40 +289,21 @@ mod tests {
         assert_eq!(skim::chunk(b"{\"a\":\"\xff\"}", true), Err(skim::Unsure));
     }
 
-    /// Mutations of the real chunks (bytes replaced by JSON's own punctuation, deleted,
-    /// duplicated, cut): wherever the fast path answers, serde_json answers the same.
+    /// Mutations of the real chunks: wherever the fast path answers, serde_json answers the same.
     #[test]
     fn the_fast_path_agrees_with_serde_under_mutation() {
-        const BYTES: &[u8] = b"{}[]\",:\\ 0123456789.-+eEtrufalsn\nabu";
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
-        let (mut answered, mut deferred) = (0, 0);
-        for round in 0..40_000 {
-            let mut v = REAL[round % REAL.len()].as_bytes().to_vec();
-            for _ in 0..1 + next() % 3 {
-                let at = (next() as usize) % v.len().max(1);
-                match next() % 4 {
-                    0 if !v.is_empty() => v[at] = BYTES[(next() as usize) % BYTES.len()],
-                    1 if !v.is_empty() => drop(v.remove(at)),
-                    2 => v.insert(at.min(v.len()), BYTES[(next() as usize) % BYTES.len()]),
-                    _ => v.truncate(at),
-                }
-            }
+        crate::openai::mutated(REAL, |v, round| {
             let texts = round % 2 == 0;
-            match skim::chunk(&v, texts) {
-                Ok(fast) => {
-                    answered += 1;
-                    assert_eq!(Some(fast), parse_chunk_serde(&v, texts), "{}", String::from_utf8_lossy(&v));
-                }
-                Err(skim::Unsure) => deferred += 1,
+            let fast = skim::chunk(v, texts);
+            if let Ok(fast) = &fast {
+                assert_eq!(
+                    Some(fast),
+                    parse_chunk_serde(v, texts).as_ref(),
+                    "{}",
+                    String::from_utf8_lossy(v)
+                );
             }
-        }
-        // Both sides of the comparison must have been exercised.
-        assert!(answered > 5_000 && deferred > 5_000, "answered {answered}, deferred {deferred}");
+            fast.is_ok()
+        });
     }
 }

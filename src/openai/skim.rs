@@ -12,6 +12,7 @@
 
 use std::borrow::Cow;
 
+use super::request::RequestInfo;
 use super::response::{ChunkInfo, Usage};
 
 /// This reader cannot vouch for the answer; serde_json must decide.
@@ -85,7 +86,7 @@ pub fn chunk(data: &[u8], want_texts: bool) -> R<ChunkInfo<'_>> {
     // every string below can be sliced as text (and rejects nothing serde_json would accept
     // that the fallback would not then take).
     let s = std::str::from_utf8(data).map_err(|_| Unsure)?;
-    let mut p = Skim { s, b: s.as_bytes(), i: 0, depth: 0 };
+    let mut p = Skim { s, b: s.as_bytes(), i: 0, depth: 0, exact: false };
     let mut info = ChunkInfo::default();
     let mut choices_seen: Option<bool> = None; // Some(any element) once `choices` is an array
     p.ws();
@@ -137,11 +138,88 @@ pub fn chunk(data: &[u8], want_texts: bool) -> R<ChunkInfo<'_>> {
     Ok(info)
 }
 
+/// The request fields `RequestInfo` holds, in one pass over the body (which is mostly
+/// messages the proxy does not read); `Unsure` where serde_json must decide (the caller then
+/// takes `RequestInfo::parse_serde`, which a body that is not JSON also ends in). Where
+/// serde_json reads a field of another type as absent, this is `Unsure` too.
+pub fn request(body: &[u8]) -> R<RequestInfo> {
+    let s = std::str::from_utf8(body).map_err(|_| Unsure)?;
+    let mut p = Skim { s, b: s.as_bytes(), i: 0, depth: 0, exact: false };
+    let mut info = RequestInfo { valid_json: true, n: 1, ..Default::default() };
+    let (mut max_tokens, mut max_completion_tokens) = (None, None);
+    p.ws();
+    if p.peek()? != b'{' {
+        return Err(Unsure);
+    }
+    p.object(
+        |key| match key {
+            b"model" => 1,
+            b"stream" => 2,
+            b"stream_options" => 3,
+            b"n" => 4,
+            b"max_tokens" => 5,
+            b"max_completion_tokens" => 6,
+            _ => 0,
+        },
+        |p, field| {
+            match field {
+                1 => {
+                    if let Some(m) = p.opt_str()? {
+                        info.model = Some(p.text(m).into_owned());
+                    }
+                }
+                2 => info.stream = p.opt_bool()?.unwrap_or(false),
+                3 => {
+                    if p.null()? {
+                        return Ok(());
+                    }
+                    info.has_stream_options = true;
+                    if p.peek()? != b'{' {
+                        return Err(Unsure);
+                    }
+                    // serde_json reads stream_options into a `Value`.
+                    p.exact = true;
+                    p.object(
+                        |key| match key {
+                            b"include_usage" => 1,
+                            b"continuous_usage_stats" => 2,
+                            _ => 0,
+                        },
+                        |p, field| {
+                            match field {
+                                1 => info.include_usage = p.opt_bool()?,
+                                2 => info.continuous_usage_stats = p.opt_bool()?.unwrap_or(false),
+                                _ => p.value()?,
+                            }
+                            Ok(())
+                        },
+                    )?;
+                    p.exact = false;
+                }
+                4 => info.n = p.opt_u64()?.map_or(1, |n| n.clamp(1, 1024) as u32),
+                5 => max_tokens = p.opt_u64()?,
+                6 => max_completion_tokens = p.opt_u64()?,
+                _ => p.value()?,
+            }
+            Ok(())
+        },
+    )?;
+    p.ws();
+    if p.i != p.b.len() {
+        return Err(Unsure);
+    }
+    info.max_tokens = max_completion_tokens.or(max_tokens);
+    Ok(info)
+}
+
 struct Skim<'a> {
     s: &'a str,
     b: &'a [u8],
     i: usize,
     depth: u32,
+    /// Inside a value serde_json builds as a `Value` (it skips the rest): a number it could
+    /// not hold (`1e999`) is an error there, so any number but a short integer is `Unsure`.
+    exact: bool,
 }
 
 impl<'a> Skim<'a> {
@@ -284,10 +362,14 @@ impl<'a> Skim<'a> {
         if self.peek()? == b'-' {
             self.i += 1;
         }
+        let at = self.i;
         match self.peek()? {
             b'0' => self.i += 1,
             b'1'..=b'9' => self.digits(),
             _ => return Err(Unsure),
+        }
+        if self.exact && (self.i - at > 18 || matches!(self.b.get(self.i), Some(b'.' | b'e' | b'E'))) {
+            return Err(Unsure);
         }
         if self.b.get(self.i) == Some(&b'.') {
             self.i += 1;
@@ -335,6 +417,17 @@ impl<'a> Skim<'a> {
             v = v.checked_mul(10).and_then(|v| v.checked_add(u64::from(d - b'0'))).ok_or(Unsure)?;
         }
         Ok(v)
+    }
+
+    fn opt_bool(&mut self) -> R<Option<bool>> {
+        if self.null()? {
+            return Ok(None);
+        }
+        match self.peek()? {
+            b't' => self.literal(b"true").map(|_| Some(true)),
+            b'f' => self.literal(b"false").map(|_| Some(false)),
+            _ => Err(Unsure),
+        }
     }
 
     fn opt_u64(&mut self) -> R<Option<u64>> {
