@@ -206,6 +206,24 @@ routing: {{exploration: 0.0, default_class: c, response_headers: true, breaker: 
             assert_eq!(reason, "cheapest", "request {i}: the open circuit keeps it out");
         }
     }
+    // Each decision is explained as it was made (the log renders it when read, newest first).
+    let routes = gp.admin_json("/admin/routes").await;
+    let explained: Vec<&str> = routes["recent_decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["explanation"].as_str().unwrap())
+        .collect();
+    let open = "cheapest: live among compliant [live]; dead unhealthy";
+    let mut want = vec![open; 7];
+    for _ in 0..3 {
+        // Two decisions per failed-over request: dead first, then live without it.
+        want.push(
+            "failover from dead (connect failed): cheapest: live among compliant [live]; dead unhealthy",
+        );
+        want.push("cheapest: dead among compliant [dead, live]");
+    }
+    assert_eq!(explained, want);
     let b = gp.admin_json("/admin/backends").await;
     let dead_row = b["backends"].as_array().unwrap().iter().find(|b| b["name"] == "dead").unwrap();
     assert_eq!(dead_row["circuit"], "open", "{dead_row}");
@@ -227,6 +245,9 @@ routing: {{exploration: 0.0, default_class: c, response_headers: true, breaker: 
     }
     let m = only_dead.metrics().await;
     assert_eq!(metric(&m, "goodput_route_decisions_total", &[("reason", "no_healthy_backend")]), 2.0);
+    let routes = only_dead.admin_json("/admin/routes").await;
+    let e = routes["recent_decisions"][0]["explanation"].as_str().unwrap();
+    assert_eq!(e, "no healthy backend; dead unhealthy; sent to the least loaded: dead");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,12 +6,12 @@ use http::HeaderMap;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 use tokenizers::Tokenizer;
 
 use super::{Config, ConfigError, ConfigErrors};
-use crate::route::{BackendState, Class, Objective, Policy};
+use crate::route::{BackendState, Class, Objective, Policy, Reason};
 use crate::sim::Sim;
 
 /// A backend as the hot path needs it: parsed once per config load, not per request.
@@ -35,6 +35,8 @@ pub struct ResolvedBackend {
     pub max_concurrency: Option<u64>,
     /// Outstanding requests and the circuit breaker; kept across reloads by name.
     pub state: Arc<BackendState>,
+    /// `goodput_requests_in_flight{backend}`, looked up on first use rather than per request.
+    pub in_flight: OnceLock<prometheus::IntGauge>,
 }
 
 impl ResolvedBackend {
@@ -80,6 +82,9 @@ pub struct ResolvedRoute {
     pub rewrite_model: bool,
     /// Per-request judgement: the class's bounds where set, else the global `slo`.
     pub slo: super::Slo,
+    /// `goodput_route_decisions_total` per candidate and reason (`k * Reason::COUNT +
+    /// reason`), looked up on first use rather than per request.
+    pub decided: Box<[OnceLock<prometheus::IntCounter>]>,
 }
 
 /// The class of requests that name none and no `routing.default_class` is set: no bounds,
@@ -116,9 +121,10 @@ impl Snapshot {
                 e2e_ms: class.e2e_p95_ms.or(g.e2e_ms),
             };
             let allowed = r.map(|r| r.backends.as_slice()).unwrap_or(&[]);
-            let candidates = (0..backends.len())
+            let candidates: Vec<usize> = (0..backends.len())
                 .filter(|&i| allowed.is_empty() || allowed.iter().any(|a| *a == *backends[i].name))
                 .collect();
+            let decided = (0..candidates.len() * Reason::COUNT).map(|_| OnceLock::new()).collect();
             ResolvedRoute {
                 name: Arc::from(name),
                 class_name: Arc::from(class_name.as_deref().unwrap_or(UNCLASSED)),
@@ -127,6 +133,7 @@ impl Snapshot {
                 sample_rate: r.and_then(|r| r.sample_rate).unwrap_or(config.quality.sample_rate),
                 rewrite_model: r.is_some_and(|r| r.rewrite_model),
                 slo,
+                decided,
             }
         };
         let routes = config.routes.iter().map(|r| resolve(&r.name, Some(r))).collect();
@@ -346,6 +353,7 @@ impl ConfigHandle {
                 price: b.price,
                 max_concurrency: b.max_concurrency,
                 state,
+                in_flight: OnceLock::new(),
             }));
         }
         Ok(Snapshot::new(config, backends))

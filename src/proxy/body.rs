@@ -75,7 +75,8 @@ pub struct Metering {
     pub recorder: Recorder,
     pub t0: Instant,
     pub in_flight: IntGauge,
-    pub on_upstream_error: Box<dyn Fn(&'static str) + Send + Sync>,
+    /// `goodput_upstream_errors_total{backend, kind}`, for an error the body meets.
+    pub upstream_errors: prometheus::IntCounterVec,
 }
 
 pub struct MeteredBody {
@@ -228,7 +229,7 @@ impl Body for MeteredBody {
                     if this.idle_expired(cx) {
                         this.ended = true;
                         if let Some(m) = &this.metering {
-                            (m.on_upstream_error)("timeout_idle");
+                            m.upstream_errors.with_label_values(&[&m.record.backend, "timeout_idle"]).inc();
                         }
                         this.finish(Some(Outcome::Timeout));
                         return Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_after)))));
@@ -243,7 +244,7 @@ impl Body for MeteredBody {
                 Poll::Ready(Some(Err(e))) => {
                     this.ended = true;
                     if let Some(m) = &this.metering {
-                        (m.on_upstream_error)("reset");
+                        m.upstream_errors.with_label_values(&[&m.record.backend, "reset"]).inc();
                     }
                     this.finish(Some(Outcome::UpstreamReset));
                     if this.unflushed {

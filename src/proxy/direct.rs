@@ -13,6 +13,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use hyper::body::{Body, Frame, SizeHint};
+use smallvec::SmallVec;
 use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
@@ -204,10 +205,25 @@ fn encode(req: &Request<'_>) -> Vec<u8> {
         w.extend_from_slice(b"\r\n");
     }
     w.extend_from_slice(b"content-length: ");
-    w.extend_from_slice(req.body.len().to_string().as_bytes());
+    push_decimal(&mut w, req.body.len());
     w.extend_from_slice(b"\r\n\r\n");
     w.extend_from_slice(req.body);
     w
+}
+
+/// `n` in decimal, without a `String` per request.
+fn push_decimal(w: &mut Vec<u8>, mut n: usize) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    w.extend_from_slice(&digits[i..]);
 }
 
 enum Exchange {
@@ -251,16 +267,13 @@ async fn exchange(
             }
             Err(e) => return Err(Exchange::Failed(e.to_string())),
         }
-        match parse_head(&buf, head_request).map_err(Exchange::Failed)? {
+        match parse_head(&mut buf, head_request).map_err(Exchange::Failed)? {
             None if buf.len() > MAX_HEAD => {
                 return Err(Exchange::Failed("response head larger than 400 KiB".into()));
             }
             None => continue,
-            Some((n, None)) => buf.advance(n), // 1xx: skipped, the real head follows
-            Some((n, Some(head))) => {
-                buf.advance(n);
-                return Ok((head, buf));
-            }
+            Some(None) => {} // 1xx: skipped, the real head follows
+            Some(Some(head)) => return Ok((head, buf)),
         }
     }
 }
@@ -292,8 +305,12 @@ fn poll_read_some(
     tokio_util::io::poll_read_buf(Pin::new(stream), cx, buf)
 }
 
-/// Parse a response head: `None` while incomplete; `(consumed, None)` for an interim 1xx.
-fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(usize, Option<Head>)>, String> {
+/// Parse a response head at the start of `buf`: `None` while incomplete; once complete it
+/// is taken out of `buf`, `Some(None)` for an interim 1xx (skipped), else the head.
+///
+/// The header values share the head's bytes (one reference count) rather than each being
+/// copied into an allocation of its own.
+fn parse_head(buf: &mut BytesMut, head_request: bool) -> Result<Option<Option<Head>>, String> {
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut r = httparse::Response::new(&mut slots);
     let n = match r.parse(buf) {
@@ -304,17 +321,28 @@ fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(usize, Option<He
     let code = r.code.unwrap_or(0);
     let status = StatusCode::from_u16(code).map_err(|_| format!("invalid status {code}"))?;
     if status.is_informational() && code != 101 {
-        return Ok(Some((n, None)));
+        buf.advance(n);
+        return Ok(Some(None));
     }
-    let mut headers = HeaderMap::with_capacity(r.headers.len());
-    let mut chunked = false;
-    let mut coded = false;
-    let mut length: Option<u64> = None;
-    let mut close = r.version != Some(1);
+    let version = r.version;
+    // Each name, and where its value lies in the head (httparse's slices are of `buf`).
+    let base = buf.as_ptr() as usize;
+    let mut found: SmallVec<[(HeaderName, usize, usize); 16]> = SmallVec::new();
     for h in r.headers.iter() {
         let name =
             HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| "invalid header name".to_string())?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| "invalid header value".to_string())?;
+        let at = h.value.as_ptr() as usize - base;
+        found.push((name, at, at + h.value.len()));
+    }
+    let head = buf.split_to(n).freeze();
+    let mut headers = HeaderMap::with_capacity(found.len());
+    let mut chunked = false;
+    let mut coded = false;
+    let mut length: Option<u64> = None;
+    let mut close = version != Some(1);
+    for (name, from, to) in found {
+        let value = HeaderValue::from_maybe_shared(head.slice(from..to))
+            .map_err(|_| "invalid header value".to_string())?;
         if name == http::header::TRANSFER_ENCODING {
             coded = true;
             chunked = value
@@ -336,8 +364,7 @@ fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(usize, Option<He
             let v = value.to_str().unwrap_or("");
             if v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")) {
                 close = true;
-            } else if r.version == Some(0)
-                && v.split(',').any(|t| t.trim().eq_ignore_ascii_case("keep-alive"))
+            } else if version == Some(0) && v.split(',').any(|t| t.trim().eq_ignore_ascii_case("keep-alive"))
             {
                 close = false;
             }
@@ -357,7 +384,7 @@ fn parse_head(buf: &[u8], head_request: bool) -> Result<Option<(usize, Option<He
         Decoder::Eof
     };
     let reusable = !close && code != 101 && !matches!(decoder, Decoder::Eof);
-    Ok(Some((n, Some(Head { status, headers, decoder, reusable }))))
+    Ok(Some(Some(Head { status, headers, decoder, reusable })))
 }
 
 /// Response body framing.
@@ -651,6 +678,15 @@ mod tests {
         Ok((out, d, buf.len()))
     }
 
+    #[test]
+    fn decimal_lengths() {
+        for n in [0usize, 7, 10, 99, 100, 4096, 123_456_789, usize::MAX] {
+            let mut w = b"x".to_vec();
+            push_decimal(&mut w, n);
+            assert_eq!(w, format!("x{n}").into_bytes());
+        }
+    }
+
     const CHUNKED: &[u8] =
         b"5;ext=\"a\"\r\nhello\r\n1A\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-trailer: 1\r\n\r\n";
 
@@ -706,10 +742,17 @@ mod tests {
         assert!(parse_chunk_size(b"1g").is_err());
     }
 
+    /// `parse_head` on `wire`, and how much of it is left.
+    fn parse(wire: &[u8]) -> (Result<Option<Option<Head>>, String>, usize) {
+        let mut buf = BytesMut::from(wire);
+        let r = parse_head(&mut buf, false);
+        (r, buf.len())
+    }
+
     fn head(wire: &[u8]) -> Head {
-        match parse_head(wire, false) {
-            Ok(Some((n, Some(h)))) if n == wire.len() => h,
-            other => panic!("{:?}", other.map(|o| o.map(|(n, h)| (n, h.is_some())))),
+        match parse(wire) {
+            (Ok(Some(Some(h))), 0) => h,
+            (other, left) => panic!("{:?}, {left} left", other.map(|o| o.map(|h| h.is_some()))),
         }
     }
 
@@ -741,13 +784,22 @@ mod tests {
         assert_eq!((h.decoder, h.reusable), (Decoder::Eof, false));
 
         // Interim responses are skipped; incomplete heads wait; bad ones are errors.
-        assert!(matches!(parse_head(b"HTTP/1.1 100 Continue\r\n\r\n", false), Ok(Some((25, None)))));
-        assert!(matches!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-le", false), Ok(None)));
-        assert!(
-            parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n", false).is_err()
+        assert!(matches!(parse(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1"), (Ok(Some(None)), 8)));
+        assert!(matches!(parse(b"HTTP/1.1 200 OK\r\ncontent-le"), (Ok(None), 27)));
+        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\ncontent-length: 2\r\n\r\n").0.is_err());
+        assert!(parse(b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n").0.is_err());
+        assert!(parse(b"SSH-2.0-OpenSSH\r\n\r\n").0.is_err());
+        // The body after the head stays in the buffer; the values are the head's bytes.
+        let mut buf = BytesMut::from(
+            &b"HTTP/1.1 200 OK\r\nx-request-id: abc \r\nserver: s\r\ncontent-length: 4\r\n\r\nbody"[..],
         );
-        assert!(parse_head(b"HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n", false).is_err());
-        assert!(parse_head(b"SSH-2.0-OpenSSH\r\n\r\n", false).is_err());
+        let Ok(Some(Some(h))) = parse_head(&mut buf, false) else { panic!() };
+        assert_eq!(&buf[..], b"body");
+        assert_eq!(
+            (h.headers["x-request-id"].as_bytes(), h.headers["server"].as_bytes()),
+            (&b"abc"[..], &b"s"[..])
+        );
+        assert_eq!(h.decoder, Decoder::Length(4));
     }
 
     fn post<'a>(

@@ -37,10 +37,14 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
     HOP_BY_HOP.contains(name) || name == "keep-alive" || name == "proxy-connection"
 }
 
+// Built once: `from_static` checks every byte of the name.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
 /// Append the client address to X-Forwarded-For and set X-Forwarded-Proto if absent.
 pub fn add_forwarded(h: &mut HeaderMap, client: Option<IpAddr>) {
     if let Some(ip) = client {
-        let xff = HeaderName::from_static("x-forwarded-for");
+        let xff = X_FORWARDED_FOR.clone();
         let value = match h.get(&xff).and_then(|v| v.to_str().ok()) {
             Some(prev) if !prev.trim().is_empty() => HeaderValue::from_str(&format!("{prev}, {ip}")).ok(),
             _ => Some(ip_value(ip)),
@@ -49,7 +53,7 @@ pub fn add_forwarded(h: &mut HeaderMap, client: Option<IpAddr>) {
             h.insert(xff, v);
         }
     }
-    h.entry(HeaderName::from_static("x-forwarded-proto")).or_insert(HeaderValue::from_static("http"));
+    h.entry(X_FORWARDED_PROTO.clone()).or_insert(HeaderValue::from_static("http"));
 }
 
 /// An address as a header value; IPv4 without the formatting machinery (every request has one).

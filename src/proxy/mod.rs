@@ -309,18 +309,6 @@ impl Proxy {
                 continue;
             };
             let backend = snap.backends[choice.backend].clone();
-            let mut uri = String::with_capacity(backend.origin.len() + backend.base_path.len() + pq.len());
-            uri.push_str(&backend.origin);
-            uri.push_str(&backend.base_path);
-            uri.push_str(pq);
-            let Ok(uri) = uri.parse::<http::Uri>() else {
-                return error_response(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    "bad_uri",
-                    "invalid request URI",
-                );
-            };
             let mut headers =
                 if can_failover { parts.headers.clone() } else { std::mem::take(&mut parts.headers) };
             for (k, v) in &backend.headers {
@@ -339,12 +327,15 @@ impl Proxy {
                     {
                         bytes = Bytes::from(b);
                     }
-                    if op.is_some() {
-                        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
-                    }
                     match direct_to {
+                        // The direct path writes its own framing (Content-Length from the body).
                         Some(authority) => Outgoing::Direct(authority, bytes),
-                        None => Outgoing::Pooled(Either::Left(Full::new(bytes))),
+                        None => {
+                            if op.is_some() {
+                                headers.insert(header::CONTENT_LENGTH, HeaderValue::from(bytes.len()));
+                            }
+                            Outgoing::Pooled(Either::Left(Full::new(bytes)))
+                        }
                     }
                 }
                 (None, Some(s)) => Outgoing::Pooled(Either::Right(s)),
@@ -383,6 +374,20 @@ impl Proxy {
                     })
                 }
                 Outgoing::Pooled(body) => {
+                    // Only hyper's client wants a parsed URI; the direct path writes `target`.
+                    let mut uri =
+                        String::with_capacity(backend.origin.len() + backend.base_path.len() + pq.len());
+                    uri.push_str(&backend.origin);
+                    uri.push_str(&backend.base_path);
+                    uri.push_str(pq);
+                    let Ok(uri) = uri.parse::<http::Uri>() else {
+                        return error_response(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_request_error",
+                            "bad_uri",
+                            "invalid request URI",
+                        );
+                    };
                     let mut upstream_req = Request::new(body);
                     *upstream_req.method_mut() = parts.method.clone();
                     *upstream_req.uri_mut() = uri;
@@ -462,17 +467,18 @@ impl Proxy {
                 self.metrics.itl.with_label_values(&[&*record.model, &*record.backend, &*record.route])
             });
             let collect_text = backend.tokenizer.is_some() || record.score_request.is_some();
-            let in_flight = self.metrics.in_flight.with_label_values(&[&*record.backend]);
+            let in_flight = backend
+                .in_flight
+                .get_or_init(|| self.metrics.in_flight.with_label_values(&[&*backend.name]))
+                .clone();
             in_flight.inc();
-            let errors = errors.clone();
-            let name = backend.name.clone();
             Box::new(Metering {
                 meter: ResponseMeter::new(sse, injected, info.n, collect_text, itl),
                 record,
                 recorder: self.recorder.clone(),
                 t0,
                 in_flight,
-                on_upstream_error: Box::new(move |kind| errors.with_label_values(&[&name, kind]).inc()),
+                upstream_errors: errors.clone(),
             })
         });
         let mut metering = metering;

@@ -12,6 +12,7 @@
 //!    `sla_unmet`.
 
 use serde::{Deserialize, Serialize};
+use smallvec::SmallVec;
 use std::fmt::Write;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -97,7 +98,13 @@ pub enum Reason {
     Failover,
 }
 
+// Failover is the last variant: every reason indexes below COUNT.
+const _: () = assert!(Reason::Failover as usize + 1 == Reason::COUNT);
+
 impl Reason {
+    /// How many reasons there are (`self as usize` is below it).
+    pub const COUNT: usize = 8;
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::Cheapest => "cheapest",
@@ -112,13 +119,13 @@ impl Reason {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
     /// Index into the candidates; `None` only with `no_healthy_backend`.
     pub backend: Option<usize>,
     pub reason: Reason,
     /// Indices of the compliant candidates.
-    pub compliant: Vec<usize>,
+    pub compliant: Indices,
     /// One line a person can read: what was chosen, why, and why the others were not.
     pub explanation: String,
 }
@@ -126,6 +133,19 @@ pub struct Decision {
 /// The bounds a candidate violates, with trusted statistics only.
 pub fn violations(class: &Class, c: &Candidate, p: &Policy) -> Vec<String> {
     let mut v = Vec::new();
+    each_violation(class, c, p, |what| v.push(what.to_string()));
+    v
+}
+
+/// How many bounds a candidate violates: `violations` without the words.
+fn violated(class: &Class, c: &Candidate, p: &Policy) -> usize {
+    let mut n = 0;
+    each_violation(class, c, p, |_| n += 1);
+    n
+}
+
+/// Calls `f` with each violated bound, described (the description is formatted only if used).
+fn each_violation(class: &Class, c: &Candidate, p: &Policy, mut f: impl FnMut(std::fmt::Arguments)) {
     let s = &c.stats;
     if s.samples >= p.min_samples {
         for (what, bound, got) in [
@@ -136,7 +156,7 @@ pub fn violations(class: &Class, c: &Candidate, p: &Policy) -> Vec<String> {
             if let (Some(b), Some(g)) = (bound, got)
                 && g > b
             {
-                v.push(format!("{what} {g:.0} ms > {b:.0} ms"));
+                f(format_args!("{what} {g:.0} ms > {b:.0} ms"));
             }
         }
     }
@@ -144,15 +164,14 @@ pub fn violations(class: &Class, c: &Candidate, p: &Policy) -> Vec<String> {
         && let (Some(b), Some(g)) = (class.max_perplexity, s.perplexity)
         && g > b
     {
-        v.push(format!("perplexity {g:.1} > {b:.1}"));
+        f(format_args!("perplexity {g:.1} > {b:.1}"));
     }
     if s.checked >= p.min_quality_samples
         && let (Some(b), Some(g)) = (class.max_hallucination_rate, s.hallucination_rate)
         && g > b
     {
-        v.push(format!("hallucination rate {g:.2} > {b:.2}"));
+        f(format_args!("hallucination rate {g:.2} > {b:.2}"));
     }
-    v
 }
 
 /// The objective's cost of a candidate: lower is better. Unknown statistics cost the most
@@ -174,13 +193,28 @@ fn cost(obj: Objective, c: &Candidate) -> f64 {
     }
 }
 
+/// The decision and its explanation.
 pub fn decide(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decision {
+    decide_with(class, cands, p, d, true)
+}
+
+/// The same decision without its explanation, which is left empty: the request path takes
+/// this, and the decision log explains later by calling `decide` on the same inputs (the
+/// function is pure, so the words are those of the choice that was made).
+pub fn choose(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decision {
+    decide_with(class, cands, p, d, false)
+}
+
+/// Candidate indices; routes rarely have more than a few backends.
+pub type Indices = SmallVec<[usize; 8]>;
+
+fn decide_with(class: &Class, cands: &[Candidate], p: &Policy, d: Draw, explain: bool) -> Decision {
     let mut why = String::new();
-    let usable: Vec<usize> = (0..cands.len())
+    let usable: Indices = (0..cands.len())
         .filter(|&i| {
             let c = &cands[i];
             let ok = c.healthy && c.max_concurrency.is_none_or(|m| c.outstanding < m);
-            if !ok {
+            if !ok && explain {
                 let _ = write!(
                     why,
                     "; {} {}",
@@ -195,14 +229,17 @@ pub fn decide(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decisi
         return Decision {
             backend: None,
             reason: Reason::NoHealthyBackend,
-            compliant: Vec::new(),
-            explanation: format!("no healthy backend{why}"),
+            compliant: Indices::new(),
+            explanation: if explain { format!("no healthy backend{why}") } else { String::new() },
         };
     }
-    let compliant: Vec<usize> = usable
+    let compliant: Indices = usable
         .iter()
         .copied()
         .filter(|&i| {
+            if !explain {
+                return violated(class, &cands[i], p) == 0;
+            }
             let v = violations(class, &cands[i], p);
             if !v.is_empty() {
                 let _ = write!(why, "; {} misses {}", cands[i].name, v.join(", "));
@@ -210,13 +247,16 @@ pub fn decide(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decisi
             v.is_empty()
         })
         .collect();
+    let explanation = |f: &dyn Fn() -> String| if explain { f() } else { String::new() };
     if d.explore < p.exploration {
         let i = usable[d.a % usable.len()];
         return Decision {
             backend: Some(i),
             reason: Reason::Explore,
+            explanation: explanation(&|| {
+                format!("explore: {} (share {:.0}%){why}", cands[i].name, p.exploration * 100.0)
+            }),
             compliant,
-            explanation: format!("explore: {} (share {:.0}%){why}", cands[i].name, p.exploration * 100.0),
         };
     }
     if compliant.is_empty() {
@@ -224,7 +264,7 @@ pub fn decide(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decisi
         let i = *usable
             .iter()
             .min_by(|&&x, &&y| {
-                let (vx, vy) = (violations(class, &cands[x], p).len(), violations(class, &cands[y], p).len());
+                let (vx, vy) = (violated(class, &cands[x], p), violated(class, &cands[y], p));
                 vx.cmp(&vy)
                     .then(cost(class.objective, &cands[x]).total_cmp(&cost(class.objective, &cands[y])))
             })
@@ -232,12 +272,12 @@ pub fn decide(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decisi
         return Decision {
             backend: Some(i),
             reason: Reason::SlaUnmet,
+            explanation: explanation(&|| format!("sla_unmet: best effort {}{why}", cands[i].name)),
             compliant,
-            explanation: format!("sla_unmet: best effort {}{why}", cands[i].name),
         };
     }
     let best = compliant.iter().map(|&i| cost(class.objective, &cands[i])).fold(f64::INFINITY, f64::min);
-    let near: Vec<usize> = compliant
+    let near: Indices = compliant
         .iter()
         .copied()
         .filter(|&i| {
@@ -254,21 +294,23 @@ pub fn decide(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decisi
         Objective::BestQuality => Reason::BestQuality,
         Objective::BestValue => Reason::BestValue,
     };
-    let names: Vec<&str> = compliant.iter().map(|&j| &*cands[j].name).collect();
     Decision {
         backend: Some(i),
         reason,
-        explanation: format!(
-            "{}: {} among compliant [{}]{}{why}",
-            reason.as_str(),
-            cands[i].name,
-            names.join(", "),
-            if near.len() > 1 {
-                format!(" ({} near-tied, fewer outstanding)", near.len())
-            } else {
-                String::new()
-            }
-        ),
+        explanation: explanation(&|| {
+            let names: Vec<&str> = compliant.iter().map(|&j| &*cands[j].name).collect();
+            format!(
+                "{}: {} among compliant [{}]{}{why}",
+                reason.as_str(),
+                cands[i].name,
+                names.join(", "),
+                if near.len() > 1 {
+                    format!(" ({} near-tied, fewer outstanding)", near.len())
+                } else {
+                    String::new()
+                }
+            )
+        }),
         compliant,
     }
 }
@@ -340,7 +382,10 @@ mod tests {
         slow.stats.hallucination_rate = Some(0.5);
         let cands = vec![slow, cand("ok", 2.0, 200.0, 10.0)];
         let d = decide(&class(Objective::Cheapest), &cands, &P, NO_EXPLORE);
-        assert_eq!((d.backend, d.reason, d.compliant.clone()), (Some(1), Reason::Cheapest, vec![1]));
+        assert_eq!(
+            (d.backend, d.reason, d.compliant.clone()),
+            (Some(1), Reason::Cheapest, Indices::from_slice(&[1]))
+        );
         assert!(
             d.explanation
                 .contains("slow-cheap misses ttft p95 900 ms > 500 ms, hallucination rate 0.50 > 0.30"),

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use super::breaker::{Breaker, BreakerConfig};
-use super::decide::{Candidate, Class, Decision, Draw, Reason, Stats, decide};
+use super::decide::{Candidate, Class, Decision, Draw, Policy, Reason, Stats, choose, decide};
 use crate::config::reload::{ResolvedRoute, Snapshot};
 use crate::meter::window::WindowSnapshot;
 
@@ -91,6 +91,48 @@ impl Drop for Dispatch {
     }
 }
 
+/// A decision as the log keeps it: its inputs, so that the request path does not format the
+/// explanation that few decisions are ever read for.
+#[derive(Clone)]
+struct Logged {
+    unix_ms: u64,
+    route: Arc<str>,
+    class_name: Arc<str>,
+    backend: Arc<str>,
+    reason: Reason,
+    class: Class,
+    cands: Vec<Candidate>,
+    policy: Policy,
+    draw: Draw,
+    /// The decision function found no usable backend; the least loaded one was taken.
+    least_loaded: bool,
+    /// Backends that failed to connect before this choice.
+    failover_from: Vec<Arc<str>>,
+}
+
+impl Logged {
+    /// The explanation the decision had: `decide` is pure, so the same inputs give the words
+    /// of the choice that was made.
+    fn explain(&self) -> DecisionLog {
+        let mut explanation = decide(&self.class, &self.cands, &self.policy, self.draw).explanation;
+        if self.least_loaded {
+            explanation = format!("{explanation}; sent to the least loaded: {}", self.backend);
+        }
+        if !self.failover_from.is_empty() {
+            let from: Vec<&str> = self.failover_from.iter().map(|n| &**n).collect();
+            explanation = format!("failover from {} (connect failed): {explanation}", from.join(", "));
+        }
+        DecisionLog {
+            unix_ms: self.unix_ms,
+            route: self.route.clone(),
+            class: self.class_name.clone(),
+            backend: self.backend.clone(),
+            reason: self.reason.as_str(),
+            explanation,
+        }
+    }
+}
+
 /// A decision as /admin/routes and the status page show it.
 #[derive(Debug, Clone, Serialize)]
 pub struct DecisionLog {
@@ -112,7 +154,7 @@ pub struct Choice {
 }
 
 pub struct Router {
-    decisions: Mutex<VecDeque<DecisionLog>>,
+    decisions: Mutex<VecDeque<Logged>>,
     metric: prometheus::IntCounterVec,
     /// Statistics read back from Prometheus; `None`: the local windows.
     remote: ArcSwapOption<HashMap<String, Stats>>,
@@ -126,15 +168,18 @@ pub struct SloHeaders {
     pub tpot_ms: Option<f64>,
 }
 
+static X_SLO_TTFT_MS: http::HeaderName = http::HeaderName::from_static("x-slo-ttft-ms");
+static X_SLO_TPOT_MS: http::HeaderName = http::HeaderName::from_static("x-slo-tpot-ms");
+
 impl SloHeaders {
     pub fn from(h: &http::HeaderMap) -> SloHeaders {
-        let ms = |name: &str| {
+        let ms = |name: &http::HeaderName| {
             h.get(name)
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<f64>().ok())
                 .filter(|v| v.is_finite() && *v > 0.0)
         };
-        SloHeaders { ttft_ms: ms("x-slo-ttft-ms"), tpot_ms: ms("x-slo-tpot-ms") }
+        SloHeaders { ttft_ms: ms(&X_SLO_TTFT_MS), tpot_ms: ms(&X_SLO_TPOT_MS) }
     }
 
     pub fn is_empty(&self) -> bool {
@@ -244,15 +289,11 @@ impl Router {
                 cands[k].healthy = false;
             }
         }
-        let class = if slo.is_empty() { None } else { Some(slo.apply(&route.class)) };
-        let d: Decision = decide(
-            class.as_ref().unwrap_or(&route.class),
-            &cands,
-            &snap.policy,
-            draw(id ^ tried.len() as u64),
-        );
-        let (k, mut reason, explanation) = match d.backend {
-            Some(k) => (k, d.reason, d.explanation),
+        let class = if slo.is_empty() { route.class.clone() } else { slo.apply(&route.class) };
+        let draw = draw(id ^ tried.len() as u64);
+        let d: Decision = choose(&class, &cands, &snap.policy, draw);
+        let (k, mut reason) = match d.backend {
+            Some(k) => (k, d.reason),
             None => {
                 // Open circuits do not refuse (the upstream's answer is what the client
                 // gets), but a configured concurrency limit is a promise to the backend.
@@ -264,11 +305,7 @@ impl Router {
                 else {
                     return Choice { backend: 0, reason: Reason::NoHealthyBackend, at_capacity: true };
                 };
-                (
-                    k,
-                    Reason::NoHealthyBackend,
-                    format!("{}; sent to the least loaded: {}", d.explanation, cands[k].name),
-                )
+                (k, Reason::NoHealthyBackend)
             }
         };
         if !tried.is_empty() {
@@ -277,21 +314,25 @@ impl Router {
         let backend = route.candidates[k];
         let b = &snap.backends[backend];
         b.state.breaker().allow(Instant::now());
-        self.metric.with_label_values(&[&*route.name, &*b.name, reason.as_str()]).inc();
+        let counter = || self.metric.with_label_values(&[&*route.name, &*b.name, reason.as_str()]);
+        match route.decided.get(k * Reason::COUNT + reason as usize) {
+            Some(c) => c.get_or_init(counter).inc(),
+            None => counter().inc(),
+        }
         let keep = snap.config.routing.recent_decisions;
         if keep > 0 {
-            let log = DecisionLog {
+            let log = Logged {
                 unix_ms: crate::meter::record::unix_ms(),
                 route: route.name.clone(),
-                class: route.class_name.clone(),
+                class_name: route.class_name.clone(),
                 backend: b.name.clone(),
-                reason: reason.as_str(),
-                explanation: if tried.is_empty() {
-                    explanation
-                } else {
-                    let from: Vec<&str> = tried.iter().map(|&i| &*snap.backends[i].name).collect();
-                    format!("failover from {} (connect failed): {explanation}", from.join(", "))
-                },
+                reason,
+                class,
+                cands,
+                policy: snap.policy,
+                draw,
+                least_loaded: d.backend.is_none(),
+                failover_from: tried.iter().map(|&i| snap.backends[i].name.clone()).collect(),
             };
             let mut q = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
             q.push_back(log);
@@ -304,8 +345,12 @@ impl Router {
 
     /// The most recent decisions, newest first.
     pub fn recent(&self, limit: usize) -> Vec<DecisionLog> {
-        let q = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
-        q.iter().rev().take(limit).cloned().collect()
+        // Explained outside the lock: the request path takes it for every decision.
+        let logged: Vec<Logged> = {
+            let q = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
+            q.iter().rev().take(limit).cloned().collect()
+        };
+        logged.iter().map(Logged::explain).collect()
     }
 }
 
