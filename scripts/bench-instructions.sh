@@ -8,6 +8,9 @@
 #
 # Each figure is a difference of two runs that differ only in what is counted (32 more tokens
 # per stream, 40 more requests), divided by that difference, so start-up and idle work cancel.
+# Events that reach the proxy together are read and written in one wake-up, and how often that
+# happens depends on timing, so the table also counts the writes to the client (callgrind's
+# call counts, scripts/bench/cg_writes.py) and gives the instructions per write.
 # goodput is counted on its tokio workers (task polls and the I/O driver: where a request and
 # its events are handled; the recorder and scoring threads work off that path), nginx on its
 # worker process. Results: target/bench/instructions.json and a table on stdout.
@@ -64,12 +67,12 @@ count() {
   wait "$pid" 2>/dev/null || true
   kill "$sim_pid" 2>/dev/null || true
   # nginx: the worker is the process that handled the traffic, the one with the most.
-  local most=0 t
+  local most=0 t file=
   for f in "$CG/$name".*; do
     t="$(sed -n 's/^totals: //p' "$f")"
-    [ "${t:-0}" -gt "$most" ] && most="$t"
+    if [ "${t:-0}" -gt "$most" ]; then most="$t"; file="$f"; fi
   done
-  echo "$most"
+  echo "$most $(python3 scripts/bench/cg_writes.py "$file")"
 }
 
 results="$OUT/instructions.jsonl"
@@ -82,7 +85,10 @@ for p in "${paths[@]}"; do
   s48="$(count "$tag-s48" "$proxy" "--ttft-ms 0 --tpot-ms 2 --output-tokens 48" 20 stream)"
   n20="$(count "$tag-n20" "$proxy" "--ttft-ms 0 --tpot-ms 0 --output-tokens 16" 20 plain)"
   n60="$(count "$tag-n60" "$proxy" "--ttft-ms 0 --tpot-ms 0 --output-tokens 16" 60 plain)"
-  echo "{\"path\":\"$name\",\"s16\":$s16,\"s48\":$s48,\"n20\":$n20,\"n60\":$n60}" | tee -a "$results" >&2
+  read -r s16 w16 <<< "$s16"
+  read -r s48 w48 <<< "$s48"
+  n20="${n20% *}" n60="${n60% *}"
+  echo "{\"path\":\"$name\",\"s16\":$s16,\"s48\":$s48,\"w16\":$w16,\"w48\":$w48,\"n20\":$n20,\"n60\":$n60}" | tee -a "$results" >&2
 done
 
 python3 - "$results" "$OUT/instructions.json" <<'PY'
@@ -90,12 +96,17 @@ import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 for r in rows:
     r["per_event"] = (r["s48"] - r["s16"]) / (20 * 32)
+    # Events that arrive together go out in one write: per write is the cost of a wake-up.
+    r["writes_per_event"] = (r["w48"] - r["w16"]) / (20 * 32)
+    r["per_write"] = (r["s48"] - r["s16"]) / max(1, r["w48"] - r["w16"])
     r["per_request"] = (r["n60"] - r["n20"]) / 40
 json.dump(rows, open(sys.argv[2], "w"), indent=1)
 g = rows[0]
-print("| path | instructions per SSE event | per non-streaming request | event / goodput's | request / goodput's |")
-print("|---|---|---|---|---|")
+print("| path | instructions per SSE event | writes per event | per write | per non-streaming request "
+      "| event / goodput's | write / goodput's | request / goodput's |")
+print("|---|---|---|---|---|---|---|---|")
 for r in rows:
-    print(f"| {r['path']} | {r['per_event']:,.0f} | {r['per_request']:,.0f} | "
-          f"{r['per_event'] / g['per_event']:.2f} | {r['per_request'] / g['per_request']:.2f} |")
+    print(f"| {r['path']} | {r['per_event']:,.0f} | {r['writes_per_event']:.2f} | {r['per_write']:,.0f} "
+          f"| {r['per_request']:,.0f} | {r['per_event'] / g['per_event']:.2f} "
+          f"| {r['per_write'] / g['per_write']:.2f} | {r['per_request'] / g['per_request']:.2f} |")
 PY
