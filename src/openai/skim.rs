@@ -89,7 +89,6 @@ pub fn chunk(data: &[u8], want_texts: bool) -> R<ChunkInfo<'_>> {
     let mut p = Skim { s, b: s.as_bytes(), i: 0, depth: 0, exact: false };
     let mut info = ChunkInfo::default();
     let mut choices_seen: Option<bool> = None; // Some(any element) once `choices` is an array
-    p.ws();
     p.object(
         |key| match key {
             b"choices" => 1,
@@ -147,10 +146,6 @@ pub fn request(body: &[u8]) -> R<RequestInfo> {
     let mut p = Skim { s, b: s.as_bytes(), i: 0, depth: 0, exact: false };
     let mut info = RequestInfo { valid_json: true, n: 1, ..Default::default() };
     let (mut max_tokens, mut max_completion_tokens) = (None, None);
-    p.ws();
-    if p.peek()? != b'{' {
-        return Err(Unsure);
-    }
     p.object(
         |key| match key {
             b"model" => 1,
@@ -174,9 +169,6 @@ pub fn request(body: &[u8]) -> R<RequestInfo> {
                         return Ok(());
                     }
                     info.has_stream_options = true;
-                    if p.peek()? != b'{' {
-                        return Err(Unsure);
-                    }
                     // serde_json reads stream_options into a `Value`.
                     p.exact = true;
                     p.object(
@@ -271,7 +263,8 @@ impl<'a> Skim<'a> {
 
     /// An object. `classify` names each key's field (0: one the caller does not read);
     /// `field` is called at each value with that number and must consume the value. A known
-    /// field seen twice is a serde_json error (duplicate field): `Unsure`.
+    /// field seen twice is a serde_json error (duplicate field): `Unsure`. So is a value that
+    /// is not an object (serde_json would read a struct from an array too: it decides).
     fn object(
         &mut self,
         classify: impl Fn(&[u8]) -> u8,
@@ -538,9 +531,6 @@ impl<'a> Skim<'a> {
 
     fn choice(&mut self) -> R<Choice> {
         self.ws();
-        if self.peek()? != b'{' {
-            return Err(Unsure); // serde would read a struct from an array too; let it
-        }
         let mut c = Choice::default();
         self.object(
             |key| match key {
@@ -576,9 +566,6 @@ impl<'a> Skim<'a> {
         if self.null()? {
             return Ok(());
         }
-        if self.peek()? != b'{' {
-            return Err(Unsure);
-        }
         self.object(
             |key| match key {
                 b"content" => 1,
@@ -606,9 +593,6 @@ impl<'a> Skim<'a> {
     }
 
     fn usage(&mut self) -> R<Usage> {
-        if self.peek()? != b'{' {
-            return Err(Unsure);
-        }
         let mut u = Usage::default();
         self.object(
             |key| match key {
