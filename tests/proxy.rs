@@ -93,14 +93,27 @@ async fn byte_transparent_for_every_path() {
     burst.gap = Duration::ZERO;
     let mut cases = cases;
     cases.push(("/v1/chat/completions", "POST", burst, STREAM_WITH_USAGE));
+    // A large answer in pieces of every size around the server loop's copy threshold.
+    let mut large = canned_json("");
+    large.frames = [1usize, 16 * 1024, 100, 70 * 1024, 16 * 1024 - 1, 200 * 1024]
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| Bytes::from(vec![b'a' + i as u8; n]))
+        .collect();
+    cases.push(("/v1/chat/completions", "POST", large, r#"{"model":"m1","messages":[]}"#));
     // Both upstream paths: goodput's own HTTP/1.1 client (metered requests to http://
-    // backends, the default) and the general pooled client.
-    for ((path, method, canned, body), direct) in
-        cases.iter().cloned().map(|c| (c, true)).chain(cases.iter().cloned().map(|c| (c, false)))
+    // backends, the default) and the general pooled client; and both server loops: goodput's
+    // own for chat and completions (the default) and hyper's for everything.
+    let combos = [(true, true), (false, true), (true, false)];
+    for ((path, method, canned, body), (direct, server)) in
+        combos.iter().flat_map(|&combo| cases.iter().cloned().map(move |c| (c, combo)))
     {
         let expected: Vec<u8> = canned.frames.iter().flat_map(|f| f.to_vec()).collect();
         let (up, seen) = spawn_canned(vec![(path, canned)]).await;
-        let gp = Goodput::start(&config_for(up, &format!("upstream: {{direct: {direct}}}\n")));
+        let gp = Goodput::start(&config_for(
+            up,
+            &format!("upstream: {{direct: {direct}}}\nserver: {{direct: {server}}}\n"),
+        ));
         let req = Request::builder()
             .method(method)
             .uri(path)
@@ -112,7 +125,11 @@ async fn byte_transparent_for_every_path() {
             .body(Full::new(Bytes::from(body.to_string())))
             .unwrap();
         let r = send(gp.proxy, req).await;
-        assert_eq!(r.body.as_ref(), expected.as_slice(), "{method} {path} (direct: {direct}): body differs");
+        assert_eq!(
+            r.body.as_ref(),
+            expected.as_slice(),
+            "{method} {path} (direct: {direct}, server: {server}): body differs"
+        );
         assert!(r.error.is_none(), "{path}: {:?}", r.error);
         assert_eq!(r.headers["x-upstream"], "canned");
         let (p, h, b) = seen.requests.lock().unwrap()[0].clone();
@@ -551,4 +568,143 @@ async fn client_closing_after_done_is_a_complete_request_not_a_cancellation() {
     assert_eq!(rec["outcome"], "ok");
     assert_eq!(rec["finish_reason"], "stop");
     assert_eq!(rec["slo_met"], true);
+}
+
+/// Read one HTTP/1.1 answer (Content-Length or chunked) from a raw connection: (head, body).
+async fn raw_answer(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    let mut b = [0u8; 65536];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&buf[..end + 4]).to_lowercase();
+            let rest = &buf[end + 4..];
+            let body = if let Some(l) = head.split("content-length: ").nth(1) {
+                let l: usize = l.split("\r\n").next().unwrap().parse().unwrap();
+                (rest.len() >= l).then(|| (rest[..l].to_vec(), end + 4 + l))
+            } else if head.starts_with("http/1.1 100") {
+                Some((Vec::new(), end + 4))
+            } else {
+                // Chunked: complete once the terminator is in.
+                let mut body = Vec::new();
+                let mut at = 0;
+                let mut done = None;
+                while let Some(nl) = rest[at..].windows(2).position(|w| w == b"\r\n") {
+                    let n =
+                        usize::from_str_radix(std::str::from_utf8(&rest[at..at + nl]).unwrap(), 16).unwrap();
+                    if rest.len() < at + nl + 2 + n + 2 {
+                        break;
+                    }
+                    body.extend_from_slice(&rest[at + nl + 2..at + nl + 2 + n]);
+                    at += nl + 2 + n + 2;
+                    if n == 0 {
+                        done = Some(end + 4 + at);
+                        break;
+                    }
+                }
+                done.map(|d| (body, d))
+            };
+            if let Some((body, used)) = body {
+                buf.drain(..used);
+                return (head, body);
+            }
+        }
+        assert!(Instant::now() < deadline, "no whole answer in {:?}", String::from_utf8_lossy(buf));
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut b)).await.unwrap().unwrap();
+        assert!(n > 0, "closed inside an answer: {:?}", String::from_utf8_lossy(buf));
+        buf.extend_from_slice(&b[..n]);
+    }
+}
+
+async fn answered_200(s: &mut tokio::net::TcpStream, buf: &mut Vec<u8>, want: &[u8]) {
+    let (head, body) = raw_answer(s, buf).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    assert_eq!(body, want, "{head}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_own_server_loop_serves_plain_requests_and_hands_the_rest_to_hyper() {
+    use tokio::io::AsyncWriteExt;
+    let chat_json = r#"{"id":"c","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}"#;
+    let (up, _seen) = spawn_canned(vec![
+        ("/v1/chat/completions", canned_json(chat_json)),
+        ("/v1/completions", canned_sse(&chat_stream_with_usage(), Duration::from_millis(2))),
+        ("/v1/models", canned_json(r#"{"object":"list","data":[]}"#)),
+    ])
+    .await;
+    let gp = Goodput::start(&config_for(up, ""));
+    let handoffs = |m: &str, reason: &str| metric(m, "goodput_server_handoffs_total", &[("reason", reason)]);
+    let post = |path: &str, body: &str, extra: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n{extra}content-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let chat = post("/v1/chat/completions", r#"{"model":"m1","messages":[]}"#, "");
+    let stream = post("/v1/completions", STREAM_WITH_USAGE, "");
+    let sse: String = chat_stream_with_usage().concat();
+
+    // Keep-alive: answers in order on one connection, served by goodput's own loop...
+    let mut s = tokio::net::TcpStream::connect(gp.proxy).await.unwrap();
+    let mut buf = Vec::new();
+    for req in [&chat, &stream, &chat] {
+        s.write_all(req.as_bytes()).await.unwrap();
+        let (head, body) = raw_answer(&mut s, &mut buf).await;
+        assert!(head.starts_with("http/1.1 200 ok\r\n"), "{head}");
+        assert!(head.contains("\r\ndate: "), "{head}");
+        let want = if req == &chat { chat_json } else { sse.as_str() };
+        assert_eq!(String::from_utf8(body).unwrap(), want);
+        if req == &stream {
+            assert!(head.contains("transfer-encoding: chunked"), "{head}");
+        }
+    }
+    gp.records(3).await;
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_server_handoffs_total", &[]), 0.0, "plain requests were handed off");
+    assert_eq!(metric(&m, "goodput_requests_total", &[]), 3.0);
+    // ...until a request it does not serve: hyper takes the connection from there, the
+    // answers still in order.
+    s.write_all(format!("GET /v1/models HTTP/1.1\r\nhost: x\r\n\r\n{chat}").as_bytes()).await.unwrap();
+    answered_200(&mut s, &mut buf, br#"{"object":"list","data":[]}"#).await;
+    answered_200(&mut s, &mut buf, chat_json.as_bytes()).await;
+    assert_eq!(handoffs(&gp.metrics().await, "not_metered"), 1.0);
+    drop(s);
+
+    // Expect: 100-continue is hyper's to answer.
+    let mut s = tokio::net::TcpStream::connect(gp.proxy).await.unwrap();
+    let body = r#"{"model":"m1","messages":[]}"#;
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nexpect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).await.unwrap();
+    let (interim, _) = raw_answer(&mut s, &mut buf).await;
+    assert!(interim.starts_with("http/1.1 100 continue"), "{interim}");
+    s.write_all(body.as_bytes()).await.unwrap();
+    answered_200(&mut s, &mut buf, chat_json.as_bytes()).await;
+    assert_eq!(handoffs(&gp.metrics().await, "framing"), 1.0);
+    drop(s);
+
+    // Connection: close is honoured: the answer says so and the connection ends.
+    let mut s = tokio::net::TcpStream::connect(gp.proxy).await.unwrap();
+    s.write_all(post("/v1/chat/completions", body, "connection: close\r\n").as_bytes()).await.unwrap();
+    let (head, got) = raw_answer(&mut s, &mut buf).await;
+    assert!(head.contains("\r\nconnection: close\r\n"), "{head}");
+    assert_eq!(got, chat_json.as_bytes());
+    let mut rest = Vec::new();
+    use tokio::io::AsyncReadExt;
+    let n = tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut rest)).await.unwrap().unwrap();
+    assert_eq!(n, 0, "bytes after a closing answer");
+
+    // A head that stalls part-way gets a 408 at limits.header_read_timeout_ms and the
+    // connection ends.
+    let gp2 = Goodput::start(&config_for(up, "limits: {header_read_timeout_ms: 300}\n"));
+    let mut s = tokio::net::TcpStream::connect(gp2.proxy).await.unwrap();
+    s.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n").await.unwrap();
+    let t = Instant::now();
+    let mut got = Vec::new();
+    tokio::time::timeout(Duration::from_secs(3), s.read_to_end(&mut got)).await.unwrap().unwrap();
+    assert!(t.elapsed() >= Duration::from_millis(250), "cut after {:?}", t.elapsed());
+    assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 408"), "{:?}", String::from_utf8_lossy(&got));
+    assert_eq!(metric(&gp2.metrics().await, "goodput_server_handoffs_total", &[]), 0.0);
 }

@@ -45,6 +45,24 @@ pub struct Config {
     /// TLS to `https://` backends. Read at start-up only.
     pub upstream_tls: UpstreamTls,
     pub upstream: UpstreamClient,
+    pub server: ServerLoop,
+}
+
+/// How client connections are served.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerLoop {
+    /// HTTP/1.1 chat and completions requests with a Content-Length body are served by
+    /// goodput's own loop (`proxy/front.rs`); any other request hands its connection to hyper's
+    /// server, which serves it from then on. false: hyper serves every connection. Read when a
+    /// connection is accepted.
+    pub direct: bool,
+}
+
+impl Default for ServerLoop {
+    fn default() -> Self {
+        ServerLoop { direct: true }
+    }
 }
 
 /// How requests reach the backends.
@@ -90,6 +108,7 @@ impl Default for Config {
             quality: QualityConfig::default(),
             upstream_tls: UpstreamTls::default(),
             upstream: UpstreamClient::default(),
+            server: ServerLoop::default(),
         }
     }
 }

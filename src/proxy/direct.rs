@@ -205,14 +205,14 @@ fn encode(req: &Request<'_>) -> Vec<u8> {
         w.extend_from_slice(b"\r\n");
     }
     w.extend_from_slice(b"content-length: ");
-    push_decimal(&mut w, req.body.len());
+    push_decimal(&mut w, req.body.len() as u64);
     w.extend_from_slice(b"\r\n\r\n");
     w.extend_from_slice(req.body);
     w
 }
 
 /// `n` in decimal, without a `String` per request.
-fn push_decimal(w: &mut Vec<u8>, mut n: usize) {
+pub(super) fn push_decimal(w: &mut Vec<u8>, mut n: u64) {
     let mut digits = [0u8; 20];
     let mut i = digits.len();
     loop {
@@ -292,7 +292,7 @@ async fn read_some(stream: &mut TcpStream, buf: &mut BytesMut) -> io::Result<usi
 /// frame, before it writes that frame out, and the frame still shares the buffer then, so a
 /// `reserve` at that point allocated a new buffer. Once bytes have arrived, the frames before
 /// them have been written and dropped, and `reserve` takes the buffer back without allocating.
-fn poll_read_some(
+pub(super) fn poll_read_some(
     stream: &mut TcpStream,
     buf: &mut BytesMut,
     want: usize,
@@ -680,7 +680,7 @@ mod tests {
 
     #[test]
     fn decimal_lengths() {
-        for n in [0usize, 7, 10, 99, 100, 4096, 123_456_789, usize::MAX] {
+        for n in [0u64, 7, 10, 99, 100, 4096, 123_456_789, u64::MAX] {
             let mut w = b"x".to_vec();
             push_decimal(&mut w, n);
             assert_eq!(w, format!("x{n}").into_bytes());

@@ -1,6 +1,8 @@
 //! The proxy: listener, per-request handling, upstream forwarding.
 //!
-//! Path of a request: `serve` accepts a connection (HTTP/1.1 or h2c) → `Proxy::handle`:
+//! Path of a request: `serve` accepts a connection → goodput's own HTTP/1.1 loop (`front`)
+//! reads chat and completions requests, and hands anything else (h2c included) to hyper's
+//! server → `Proxy::handle`:
 //! admission (body limit; metered paths read the JSON body and may add include_usage) →
 //! route → send upstream: metered requests to http:// backends over goodput's own HTTP/1.1
 //! client (`direct`), everything else over hyper's pooled client → the response goes back
@@ -9,6 +11,7 @@
 
 pub mod body;
 pub mod direct;
+pub mod front;
 pub mod headers;
 pub mod tls;
 
@@ -45,6 +48,13 @@ enum Outgoing<'a> {
     Pooled(UpstreamBody),
 }
 pub type ProxyBody = Either<MeteredBody, Full<Bytes>>;
+
+/// A client's request body: still to be read from hyper, or read whole already by goodput's
+/// own HTTP/1.1 server loop (`front`), which takes only bodies within the limit.
+pub enum ClientBody {
+    Hyper(Incoming),
+    Read(Bytes),
+}
 
 pub struct Proxy {
     pub config: Arc<ConfigHandle>,
@@ -160,7 +170,7 @@ impl Proxy {
 
     pub async fn handle(
         self: Arc<Self>,
-        req: Request<Incoming>,
+        req: Request<ClientBody>,
         client: Option<SocketAddr>,
     ) -> Response<ProxyBody> {
         let t0 = Instant::now();
@@ -178,8 +188,9 @@ impl Proxy {
             .and_then(|v| v.parse::<u64>().ok());
         if declared_len.is_some_and(|l| l > limit) {
             self.metrics.body_too_large.inc();
-            let mut body = body;
-            linger(&mut body).await;
+            if let ClientBody::Hyper(mut body) = body {
+                linger(&mut body).await;
+            }
             return too_large(limit);
         }
         headers::strip_hop_by_hop(&mut parts.headers);
@@ -194,15 +205,20 @@ impl Proxy {
         let mut client_time = Duration::ZERO;
         let mut model_field: Option<String> = None;
         let mut streamed = None;
-        let replay: Option<Bytes> = match op {
-            None if body.is_end_stream() => Some(Bytes::new()),
-            None => {
+        let replay: Option<Bytes> = match (op, body) {
+            (None, ClientBody::Read(bytes)) => Some(bytes),
+            (None, ClientBody::Hyper(body)) if body.is_end_stream() => Some(Bytes::new()),
+            (None, ClientBody::Hyper(body)) => {
                 streamed = Some(Limited::new(body, limit as usize));
                 None
             }
-            Some(op) => {
+            (Some(op), body) => {
                 let t_read = Instant::now();
-                let read = read_body(body, limit as usize).await;
+                let read = match body {
+                    ClientBody::Hyper(body) => read_body(body, limit as usize).await,
+                    ClientBody::Read(bytes) if bytes.len() as u64 > limit => Err(BodyRead::TooLarge),
+                    ClientBody::Read(bytes) => Ok(bytes),
+                };
                 client_time = t_read.elapsed();
                 let bytes = match read {
                     Ok(b) => b,
@@ -689,6 +705,14 @@ pub async fn serve(
         .max_concurrent_streams(1024)
         .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
     let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let (drain, draining) = tokio::sync::watch::channel(false);
+    let front = Arc::new(front::Front {
+        proxy: proxy.clone(),
+        hyper: builder.clone(),
+        header_timeout: Duration::from_millis(limits.header_read_timeout_ms),
+        max_head: limits.max_header_bytes.max(8192),
+        drain: draining,
+    });
     let open = Arc::new(AtomicUsize::new(0));
     let refusing = Arc::new(AtomicUsize::new(0));
     let metrics = proxy.metrics.clone();
@@ -713,13 +737,23 @@ pub async fn serve(
         }
         let _ = stream.set_nodelay(true);
         let slot = ConnSlot::take(&open, &metrics.client_connections);
+        // Counted by the graceful shutdown whichever server loop serves the connection.
+        let watcher = graceful.watcher();
+        if proxy.config.load().config.server.direct {
+            let front = front.clone();
+            tokio::spawn(async move {
+                let _slot = slot;
+                front::serve_connection(front, stream, remote, watcher).await;
+            });
+            continue;
+        }
         let proxy = proxy.clone();
         let svc = hyper::service::service_fn(move |req| {
             let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(req, Some(remote)).await) }
+            async move { Ok::<_, Infallible>(proxy.handle(req.map(ClientBody::Hyper), Some(remote)).await) }
         });
         let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-        let conn = graceful.watch(conn);
+        let conn = watcher.watch(conn);
         tokio::spawn(async move {
             let _slot = slot;
             if let Err(e) = conn.await {
@@ -729,6 +763,7 @@ pub async fn serve(
     }
     drop(listener);
     proxy.draining.store(true, Ordering::Relaxed);
+    let _ = drain.send(true);
     tracing::info!(connections = graceful.count(), "draining in-flight requests");
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!(?grace, "grace period over; closing the remaining connections");
