@@ -286,11 +286,30 @@ enum Parsed {
     Fast(http::request::Parts, usize, bool),
 }
 
+/// `parse` for the fuzz target (fuzz/fuzz_targets/http1_request.rs): `None` while the head is
+/// incomplete, `Err(reason)` for a hand-off (with `buf` untouched), else the head, the body's
+/// length and whether the client asked to close.
+#[doc(hidden)]
+pub fn decide(
+    buf: &mut BytesMut,
+    limit: u64,
+) -> Option<Result<(http::request::Parts, usize, bool), &'static str>> {
+    match parse(buf, limit) {
+        Parsed::Partial => None,
+        Parsed::HandOff(r) => Some(Err(r)),
+        Parsed::Fast(p, len, close) => Some(Ok((p, len, close))),
+    }
+}
+
 /// Parse a request head at the start of `buf`. A request this loop serves is taken out of
 /// `buf`; anything else is left there whole, for hyper.
 fn parse(buf: &mut BytesMut, limit: u64) -> Parsed {
-    if buf.starts_with(b"PRI * HTTP/2.0") {
+    const H2: &[u8] = b"PRI * HTTP/2.0";
+    if buf.starts_with(H2) {
         return Parsed::HandOff("h2c");
+    }
+    if H2.starts_with(buf) {
+        return Parsed::Partial;
     }
     let mut slots = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut r = httparse::Request::new(&mut slots);
