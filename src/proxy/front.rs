@@ -252,16 +252,8 @@ impl Conn {
 
     /// hyper serves the rest of the connection, starting with the bytes read and not used.
     async fn hand_off(self, front: &Front, remote: SocketAddr, watcher: Watcher) {
-        let io = TokioIo::new(Prefixed { prefix: self.rbuf.freeze(), stream: self.stream });
-        let proxy = front.proxy.clone();
-        let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
-            let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(req.map(ClientBody::Hyper), Some(remote)).await) }
-        });
-        let conn = front.hyper.serve_connection(io, svc).into_owned();
-        if let Err(e) = watcher.watch(conn).await {
-            tracing::debug!(error = %e, "connection ended with an error");
-        }
+        let io = Prefixed { prefix: self.rbuf.freeze(), stream: self.stream };
+        serve_with_hyper(front, io, remote, watcher).await;
     }
 
     /// A head that did not arrive within limits.header_read_timeout_ms: 408 if part of one
@@ -277,7 +269,25 @@ impl Conn {
     }
 
     async fn close(mut self) {
-        let _ = tokio::time::timeout(Duration::from_secs(1), self.stream.shutdown()).await;
+        // shutdown(2) of the write side: it does not wait for the client.
+        let _ = self.stream.shutdown().await;
+    }
+}
+
+/// A whole connection served by hyper's server (HTTP/1.1 or h2c), from its first byte: where
+/// the own loop hands one over, and every connection with `server.direct: false`.
+pub async fn serve_with_hyper<I>(front: &Front, io: I, remote: SocketAddr, watcher: Watcher)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let proxy = front.proxy.clone();
+    let svc = hyper::service::service_fn(move |req: Request<hyper::body::Incoming>| {
+        let proxy = proxy.clone();
+        async move { Ok::<_, Infallible>(proxy.handle(req.map(ClientBody::Hyper), Some(remote)).await) }
+    });
+    let conn = front.hyper.serve_connection(TokioIo::new(io), svc).into_owned();
+    if let Err(e) = watcher.watch(conn).await {
+        tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 

@@ -21,8 +21,7 @@ use http_body_util::{BodyExt, Either, Full, Limited};
 use hyper::body::Body as _;
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use std::convert::Infallible;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -708,7 +707,7 @@ pub async fn serve(
     let (drain, draining) = tokio::sync::watch::channel(false);
     let front = Arc::new(front::Front {
         proxy: proxy.clone(),
-        hyper: builder.clone(),
+        hyper: builder,
         header_timeout: Duration::from_millis(limits.header_read_timeout_ms),
         max_head: limits.max_header_bytes.max(8192),
         drain: draining,
@@ -739,25 +738,14 @@ pub async fn serve(
         let slot = ConnSlot::take(&open, &metrics.client_connections);
         // Counted by the graceful shutdown whichever server loop serves the connection.
         let watcher = graceful.watcher();
-        if proxy.config.load().config.server.direct {
-            let front = front.clone();
-            tokio::spawn(async move {
-                let _slot = slot;
-                front::serve_connection(front, stream, remote, watcher).await;
-            });
-            continue;
-        }
-        let proxy = proxy.clone();
-        let svc = hyper::service::service_fn(move |req| {
-            let proxy = proxy.clone();
-            async move { Ok::<_, Infallible>(proxy.handle(req.map(ClientBody::Hyper), Some(remote)).await) }
-        });
-        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
-        let conn = watcher.watch(conn);
+        let direct = proxy.config.load().config.server.direct;
+        let front = front.clone();
         tokio::spawn(async move {
             let _slot = slot;
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
+            if direct {
+                front::serve_connection(front, stream, remote, watcher).await;
+            } else {
+                front::serve_with_hyper(&front, stream, remote, watcher).await;
             }
         });
     }
