@@ -26,7 +26,7 @@ fi
 # nginx: the reference reverse proxy the benchmarks compare against.
 if ! command -v nginx >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends nginx >/dev/null
+  $SUDO apt-get -o Acquire::Retries=3 update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o Acquire::Retries=3 install -y -qq --no-install-recommends nginx >/dev/null
 fi
 echo "$K6"

@@ -42,8 +42,8 @@ echo "$GGUF_SHA256  $GGUF" | sha256sum --check --quiet || { log "sha256 mismatch
 if ! command -v cmake >/dev/null 2>&1; then
   log "installing cmake"
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends cmake build-essential >/dev/null
+  $SUDO apt-get -o Acquire::Retries=3 update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o Acquire::Retries=3 install -y -qq --no-install-recommends cmake build-essential >/dev/null
 fi
 
 # 3. The server: build the wheel once (minutes), install from the cache afterwards.

@@ -17,7 +17,7 @@ ENVOY="$("$VENV/bin/python" -c 'import envoy, os; print(os.path.join(os.path.dir
 [ -x "$ENVOY" ] || { echo "setup-peers: no envoy binary at $ENVOY" >&2; exit 1; }
 if ! command -v haproxy >/dev/null 2>&1; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends haproxy >/dev/null
+  $SUDO apt-get -o Acquire::Retries=3 update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o Acquire::Retries=3 install -y -qq --no-install-recommends haproxy >/dev/null
 fi
 echo "$ENVOY $VENV/bin/litellm"

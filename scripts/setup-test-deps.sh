@@ -16,8 +16,8 @@ if [ ${#need[@]} -gt 0 ]; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "setup-test-deps: installing ${need[*]}" >&2
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  $SUDO apt-get -o Acquire::Retries=3 update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o Acquire::Retries=3 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 # Debian's package starts a system service where systemd runs; the tests start their own.
 command -v prometheus >/dev/null
