@@ -119,10 +119,18 @@ out = {"direct": [], "proxy": []}
 # Warm both paths (model load, connection pools) so that no first-request cost skews TTFT.
 direct.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0)
 proxy.completions.create(model=MODEL, prompt="Hi", max_tokens=1, temperature=0)
+# A streamed case through the proxy runs TTFT_REPS times: the client's clock stops when Python
+# reads the first chunk, so one late wake-up of this process (2 vCPUs shared with llama.cpp)
+# shows as a gap that is not goodput's. The test compares each run with goodput's record.
+TTFT_REPS = 3
 for kind in ("chat", "completion"):
     for stream in (True, False):
         out["direct"].append(run(direct, kind, stream))
-        out["proxy"].append(run(proxy, kind, stream))
+        p = run(proxy, kind, stream)
+        if stream:
+            again = [run(proxy, kind, stream) for _ in range(TTFT_REPS - 1)]
+            p["reps"] = [{"text": r["text"], "ttft_ms": r["ttft_ms"]} for r in again]
+        out["proxy"].append(p)
 
 # Cancellation: close a long stream after three chunks; llama.cpp serves one request at a time,
 # so the next request's latency shows whether the abandoned generation kept running.
