@@ -79,14 +79,15 @@ for stream in (0, 1):
         print(f"| {'stream' if stream else 'non-stream'} | {rate} | {d50:.3f} / {d99:.3f} ms | {a50:.0f} µs / {a99:.0f} µs | {b50:.0f} µs / {b99:.0f} µs | {b50 / a50:.2f} | {ca:.0f} / {cb:.0f} µs | {cb / ca:.2f} | {bad} |")
 PY
 
-# Per-chunk latency on the wire: rounds alternate A, B and nginx (the same machine noise for
-# all three); the table gives the median over rounds of each round's added p50 and p99.
+# Per-chunk latency on the wire: rounds alternate A, B, nginx and socat (a byte relay: the
+# floor of one proxy hop), the same machine noise for all; the table gives the median over
+# rounds of each round's added p50 and p99.
 kill "${pids[@]}" 2>/dev/null || true; pids=()
 scripts/setup-bench.sh >/dev/null # nginx
-for name in a b nginx; do : > "$OUT/cl-ab-$name.jsonl"; done
+for name in a b nginx socat; do : > "$OUT/cl-ab-$name.jsonl"; done
 for _ in $(seq "${CHUNK_ROUNDS:-3}"); do
-  for name in a b nginx; do
-    case "$name" in a) proxy="$A_BIN" ;; b) proxy="$B_BIN" ;; nginx) proxy=nginx ;; esac
+  for name in a b nginx socat; do
+    case "$name" in a) proxy="$A_BIN" ;; b) proxy="$B_BIN" ;; *) proxy="$name" ;; esac
     chunk_latency "ab-$name" "$proxy"
     tee -a "$OUT/cl-ab-$name.jsonl" < "$OUT/cl-ab-$name.json" >&2
   done
@@ -94,10 +95,10 @@ done
 python3 - "$OUT" "$REV_A" "${REV_B:-working tree}" <<'PY'
 import json, statistics, sys
 out, a, b = sys.argv[1:4]
-runs = {n: [json.loads(l) for l in open(f"{out}/cl-ab-{n}.jsonl")] for n in ("a", "b", "nginx")}
+runs = {n: [json.loads(l) for l in open(f"{out}/cl-ab-{n}.jsonl")] for n in ("a", "b", "nginx", "socat")}
 print(f"\n| per-chunk added latency (on the wire, 2 ms between chunks), median of {len(runs['a'])} rounds | p50 | p99 | p50 of each round |")
 print("|---|---|---|---|")
-for n, label in (("a", f"A ({a})"), ("b", f"B ({b})"), ("nginx", "nginx")):
+for n, label in (("a", f"A ({a})"), ("b", f"B ({b})"), ("nginx", "nginx"), ("socat", "socat (byte relay: the floor)")):
     p50 = [r["p50"]["added_us"] for r in runs[n]]
     p99 = [r["p99"]["added_us"] for r in runs[n]]
     print(f"| {label} | {statistics.median(p50):.0f} µs | {statistics.median(p99):.0f} µs | " + ", ".join(f"{v:.0f}" for v in p50) + " |")

@@ -53,14 +53,15 @@ for stream in 0 1; do
   done
 done
 
-# Per-chunk forwarding latency on the wire, goodput then nginx, each against direct.
+# Per-chunk forwarding latency on the wire, goodput, nginx and socat (a byte relay that parses
+# nothing: the floor of one proxy hop on this machine), each against direct.
 kill "${pids[@]}" 2>/dev/null || true; pids=()
-# Rounds alternate the two proxies, so that both see the same machine noise; the table gives
+# Rounds alternate the three, so that all see the same machine noise; the table gives
 # the median over rounds of each round's percentile.
-: > "$OUT/cl-goodput.jsonl"; : > "$OUT/cl-nginx.jsonl"
+: > "$OUT/cl-goodput.jsonl"; : > "$OUT/cl-nginx.jsonl"; : > "$OUT/cl-socat.jsonl"
 for _ in $(seq "${CHUNK_ROUNDS:-3}"); do
-  for name in goodput nginx; do
-    if [ "$name" = goodput ]; then chunk_latency "$name" "$BIN"; else chunk_latency "$name" nginx; fi
+  for name in goodput nginx socat; do
+    if [ "$name" = goodput ]; then chunk_latency "$name" "$BIN"; else chunk_latency "$name" "$name"; fi
     tee -a "$OUT/cl-$name.jsonl" < "$OUT/cl-$name.json" >&2
   done
 done
@@ -74,11 +75,11 @@ ulimit -n 65536 2>/dev/null || true
 python3 scripts/bench/open_streams.py "$GP" "$GP_PID" 1000 > "$OUT/streams.json"
 cat "$OUT/streams.json" >&2
 
-python3 - "$results" "$OUT/streams.json" "$OUT/proxy.json" "$OUT/cl-goodput.jsonl" "$OUT/cl-nginx.jsonl" <<'PY'
+python3 - "$results" "$OUT/streams.json" "$OUT/proxy.json" "$OUT/cl-goodput.jsonl" "$OUT/cl-nginx.jsonl" "$OUT/cl-socat.jsonl" <<'PY'
 import json, statistics as st, sys
 runs = [json.loads(l) for l in open(sys.argv[1])]
 streams = json.load(open(sys.argv[2]))
-cl_runs = {n: [json.loads(l) for l in open(f)] for n, f in (("goodput", sys.argv[4]), ("nginx", sys.argv[5]))}
+cl_runs = {n: [json.loads(l) for l in open(f)] for n, f in (("goodput", sys.argv[4]), ("nginx", sys.argv[5]), ("socat", sys.argv[6]))}
 cl = {n: {p: {"added_us": st.median(r[p]["added_us"] for r in rs), "rounds": [r[p]["added_us"] for r in rs]}
           for p in ("p50", "p90", "p99")} for n, rs in cl_runs.items()}
 rows = []
@@ -108,9 +109,9 @@ for r in rows:
           f"{ratio:.2f} | {r['dropped']}/{r['failed']} |")
 print(f"\n| per-chunk added latency (on the wire, 2 ms between chunks), median of {len(cl_runs['goodput'])} rounds | p50 | p90 | p99 | p50 of each round |")
 print("|---|---|---|---|---|")
-for name in ("goodput", "nginx"):
+for name in ("goodput", "nginx", "socat"):
     c = cl[name]
-    print(f"| {name} | {c['p50']['added_us']:.0f} µs | {c['p90']['added_us']:.0f} µs | {c['p99']['added_us']:.0f} µs | "
+    print(f"| {'socat (byte relay: the floor)' if name == 'socat' else name} | {c['p50']['added_us']:.0f} µs | {c['p90']['added_us']:.0f} µs | {c['p99']['added_us']:.0f} µs | "
           + ", ".join(f"{v:.0f}" for v in c["p50"]["rounds"]) + " |")
 s = streams
 print(f"\n1,000 concurrent streams: {s['open_at_once']} open at once, {s['completed']} completed, {s['failed']} failed; "

