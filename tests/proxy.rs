@@ -148,6 +148,73 @@ async fn byte_transparent_for_every_path() {
     }
 }
 
+/// An upstream that answers every request on a connection with an empty `200`
+/// (`content-length: 0`), keep-alive.
+async fn empty_200_upstream() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = l.accept().await {
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    // One request: its head, then its content-length body.
+                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if buf.len() < end + 4 + len {
+                            break;
+                        }
+                        buf.drain(..end + 4 + len);
+                        let answer =
+                            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n";
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_answer_is_recorded_as_answered_not_cancelled() {
+    // A response body of length zero is never polled by a server loop (hyper's or goodput's):
+    // the record must still be settled as what it was, not as a client that went away.
+    let up = empty_200_upstream().await;
+    for (direct, server) in [(true, true), (false, true), (true, false)] {
+        let gp = Goodput::start(&config_for(
+            up,
+            &format!("upstream: {{direct: {direct}}}\nserver: {{direct: {server}}}\n"),
+        ));
+        let what = format!("direct: {direct}, server: {server}");
+        for body in [r#"{"model":"m1","messages":[]}"#, r#"{"model":"m1","stream":true,"messages":[]}"#] {
+            let r = send(gp.proxy, post_json("/v1/chat/completions", body)).await;
+            assert_eq!(r.status, 200, "{what}");
+            assert!(r.body.is_empty() && r.error.is_none(), "{what}: {:?}", r.error);
+        }
+        let recs = gp.records(2).await;
+        for rec in &recs {
+            assert_eq!(rec["outcome"], "ok", "{what}: {rec}");
+            assert_eq!(rec["status"], 200, "{what}: {rec}");
+        }
+        let m = gp.metrics().await;
+        assert_eq!(metric(&m, "goodput_in_flight_requests", &[]), 0.0, "{what}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_usage_is_removed_and_counted() {
     let (up, seen) = spawn_canned(vec![(

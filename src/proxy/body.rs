@@ -108,7 +108,7 @@ impl MeteredBody {
         dispatch: Option<Dispatch>,
         idle_after: Duration,
     ) -> Self {
-        MeteredBody {
+        let mut body = MeteredBody {
             inner,
             metering,
             dispatch,
@@ -119,7 +119,14 @@ impl MeteredBody {
             ended: false,
             unflushed: true,
             deferred: None,
+        };
+        // An empty upstream body (`content-length: 0`) is never polled: hyper and the own
+        // server loop write the head and stop. Settle the record now, or its drop would count
+        // the request as cancelled.
+        if body.metering.is_some() && body.inner.is_end_stream() {
+            body.end_of_upstream();
         }
+        body
     }
 
     fn finish(&mut self, outcome: Option<Outcome>) {

@@ -138,7 +138,7 @@ impl DirectClient {
             };
             match exchange(&mut stream, &wire, req.method == http::Method::HEAD).await {
                 Ok((head, rest)) => {
-                    let mut r = Response::new(DirectBody {
+                    let mut body = DirectBody {
                         stream: Some(stream),
                         buf: rest,
                         decoder: head.decoder,
@@ -146,7 +146,15 @@ impl DirectClient {
                         pool: self.clone(),
                         key: req.authority.clone(),
                         want: READ_MIN,
-                    });
+                    };
+                    // An empty body is complete with its head: it says so (is_end_stream) and
+                    // the connection goes back to the pool now, since a server loop may never
+                    // poll a body whose length is zero.
+                    if body.decoder == Decoder::Length(0) {
+                        body.decoder = Decoder::Done;
+                        body.finish();
+                    }
+                    let mut r = Response::new(body);
                     *r.status_mut() = head.status;
                     *r.headers_mut() = head.headers;
                     return Ok(r);
