@@ -62,7 +62,8 @@ async fn openai_sdk_through_goodput_over_llama_cpp() {
     recs.sort_by_key(|r| r["id"].as_u64().unwrap());
     let mut next = 1;
     for (i, client) in proxy.iter().enumerate() {
-        let rec = &recs[next];
+        let at = next;
+        let rec = &recs[at];
         next += 1 + reps(client);
         assert_eq!(rec["stream"], client["stream"], "record {i} order");
         assert_eq!(rec["outcome"], "ok");
@@ -81,7 +82,7 @@ async fn openai_sdk_through_goodput_over_llama_cpp() {
             let mut runs = vec![(rec, client["ttft_ms"].as_f64().unwrap())];
             for (k, rep) in client["reps"].as_array().unwrap().iter().enumerate() {
                 assert_eq!(rep["text"], client["text"], "repeat {k} of case {i} streamed other text");
-                let r = &recs[next - reps(client) + k];
+                let r = &recs[at + 1 + k];
                 assert_eq!(r["stream"], true, "record order, repeat {k} of case {i}");
                 assert_eq!(r["completion_tokens"], rec["completion_tokens"]);
                 runs.push((r, rep["ttft_ms"].as_f64().unwrap()));

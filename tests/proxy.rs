@@ -151,42 +151,16 @@ async fn byte_transparent_for_every_path() {
 /// An upstream that answers every request on a connection with an empty `200`
 /// (`content-length: 0`), keep-alive.
 async fn empty_200_upstream() -> std::net::SocketAddr {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move {
-        while let Ok((mut s, _)) = l.accept().await {
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                let mut chunk = [0u8; 4096];
-                loop {
-                    // One request: its head, then its content-length body.
-                    while let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0);
-                        if buf.len() < end + 4 + len {
-                            break;
-                        }
-                        buf.drain(..end + 4 + len);
-                        let answer =
-                            b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n";
-                        if s.write_all(answer).await.is_err() {
-                            return;
-                        }
-                    }
-                    match s.read(&mut chunk).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                    }
-                }
-            });
+    use tokio::io::AsyncWriteExt;
+    raw_upstream(|mut s| async move {
+        let answer = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n";
+        while read_request(&mut s).await {
+            if s.write_all(answer).await.is_err() {
+                return;
+            }
         }
-    });
-    addr
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

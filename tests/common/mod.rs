@@ -352,3 +352,55 @@ pub fn canned_sse(events: &[&str], gap: Duration) -> Canned {
         delay_headers: Duration::ZERO,
     }
 }
+
+/// A TCP upstream that runs `f` on every connection it accepts.
+pub async fn raw_upstream<F, Fut>(f: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let f = Arc::new(f);
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            tokio::spawn(f(s));
+        }
+    });
+    addr
+}
+
+/// A complete HTTP/1.1 head at the front of `buf`: (its length less the blank line, the status
+/// for a response, the content-length).
+pub fn head_of(buf: &[u8]) -> Option<(usize, u16, usize)> {
+    let end = buf.windows(4).position(|w| w == b"\r\n\r\n")?;
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let len = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    Some((end, status, len))
+}
+
+/// Read one request (head and content-length body) off the socket.
+pub async fn read_request(s: &mut tokio::net::TcpStream) -> bool {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 8192];
+    loop {
+        if let Some((end, _, len)) = head_of(&buf) {
+            while buf.len() < end + 4 + len {
+                match tokio::io::AsyncReadExt::read(s, &mut chunk).await {
+                    Ok(0) | Err(_) => return false,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            return true;
+        }
+        match tokio::io::AsyncReadExt::read(s, &mut chunk).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
