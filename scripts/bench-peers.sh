@@ -4,14 +4,17 @@
 #  1. fixed rates (RATES), alternated REPS times: p50/p99 added latency, CPU per request, RSS;
 #  2. a rate ladder (LADDER) per path: the highest rate sustained (no dropped or failed request,
 #     every stream complete, p99 under MAX_P99_MS).
-# Every figure is also given as a ratio to goodput's. One worker/thread per proxy.
+# Every figure is also given as a ratio to goodput's. One worker/thread per proxy: nginx one
+# worker process, Envoy --concurrency 1, goodput --workers 1 (GP_WORKERS to change it).
+# Within a repetition the paths run back to back, in reverse order on every other one, so that
+# a drift of the machine favours no path.
 #
-#   scripts/bench-peers.sh [RATES="100 400"] [REPS=2] [DURATION=6s] [LADDER="5 10 ... 2560"; "" skips it]
+#   scripts/bench-peers.sh [RATES="100 400"; "" skips them] [REPS=2] [DURATION=6s] [LADDER="5 10 ... 2560"; "" skips it]
 #
 # Results: target/bench/peers-*.jsonl and markdown tables on stdout (for BENCHMARKS.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-RATES="${RATES:-100 400}"
+RATES="${RATES-100 400}"
 REPS="${REPS:-2}"
 DURATION="${DURATION:-6s}"
 LADDER="${LADDER-5 10 20 40 80 160 320 640 1280 2560}"
@@ -19,6 +22,7 @@ LADDER_DURATION="${LADDER_DURATION:-4s}"
 MAX_P99_MS="${MAX_P99_MS:-250}"
 PATHS="${PATHS:-direct goodput nginx envoy haproxy litellm}"
 TOKENS="${TOKENS:-16}"
+GP_WORKERS="${GP_WORKERS:-1}"
 export LITELLM_KEY="${LITELLM_KEY:-sk-goodput-bench-7f3a9c2e5b1d4f8a6c0e9b2d7a5f3c1e}"
 OUT=target/bench
 mkdir -p "$OUT"
@@ -43,7 +47,7 @@ start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TO
 SIM="${LINE##*addr=}"; UP="${SIM##*:}"
 declare -A URL PID
 URL[direct]="http://$SIM"; PID[direct]="${pids[-1]}"
-start_goodput --upstream "http://$SIM"; URL[goodput]="http://$GP"; PID[goodput]="$GP_PID"
+start_goodput --upstream "http://$SIM" --workers "$GP_WORKERS"; URL[goodput]="http://$GP"; PID[goodput]="$GP_PID"
 for p in nginx envoy haproxy litellm; do
   case " $PATHS " in *" $p "*) ;; *) continue ;; esac
   port="$(free_port)"
@@ -87,7 +91,8 @@ fixed="$OUT/peers-fixed.jsonl"; : > "$fixed"
 for stream in 0 1; do
   for rate in $RATES; do
     for rep in $(seq "$REPS"); do
-      for p in $PATHS; do
+      order="$PATHS"; [ $((rep % 2)) = 0 ] && order="$(echo "$PATHS" | tr ' ' '\n' | tac | tr '\n' ' ')"
+      for p in $order; do
         c0="$(cpu_ticks "${PID[$p]}")"
         r="$(k6_run "${URL[$p]}" "$rate" "$stream" "$DURATION")"
         c1="$(cpu_ticks "${PID[$p]}")"
@@ -111,19 +116,24 @@ for stream in 0 1; do
 done
 
 python3 - "$fixed" "$ladder" "$(getconf CLK_TCK)" "$MAX_P99_MS" <<'PY'
-import json, statistics, sys
+import json, math, statistics, sys
 fixed = [json.loads(l) for l in open(sys.argv[1])]
 ladder = [json.loads(l) for l in open(sys.argv[2])]
 tck, max_p99 = int(sys.argv[3]), sys.argv[4]
-paths = list(dict.fromkeys(r["path"] for r in fixed))
+paths = list(dict.fromkeys(r["path"] for r in fixed + ladder))  # RATES="" runs the ladder alone
 proxies = [p for p in paths if p != "direct"]
 med = lambda xs: statistics.median(xs) if xs else float("nan")
+def sign_p(k, n):
+    tail = sum(math.comb(n, i) for i in range(0, min(k, n - k) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
 # p99 differences between paths are mostly machine noise at these rates, so each path's p99 is
 # also compared with goodput's run by run: the two runs of one repetition are adjacent in time.
-# "goodput's p99 lower" counts the repetitions where it was; the paired column is the median of
-# (this path's p99 - goodput's) over them.
-print("| mode | rate | path | added p50 | added p99 | CPU per request | peak RSS | p50 / goodput's | p99 / goodput's | CPU / goodput's | goodput's p99 lower, paired | median paired p99 − goodput's | dropped+failed |")
-print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+# "goodput's p99 lower" counts the repetitions where it was, with the two-sided sign test's p
+# (how often a coin would split the repetitions at least that unevenly); the paired column is
+# the median of (this path's p99 - goodput's) over them.
+if fixed:
+    print("| mode | rate | path | added p50 | added p99 | CPU per request | peak RSS | p50 / goodput's | p99 / goodput's | CPU / goodput's | goodput's p99 lower, paired | median paired p99 − goodput's | dropped+failed |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 for stream in (0, 1):
     for rate in sorted({r["rate"] for r in fixed}):
         sel = lambda p: [r for r in fixed if r["stream"] == stream and r["rate"] == rate and r["path"] == p]
@@ -141,7 +151,8 @@ for stream in (0, 1):
             ratio = lambda x, y: f"{x / y:.2f}" if y > 0 and x > 0 else "n/a"
             diffs = [r["k6"]["p99_ms"] - g99[r["rep"]] for r in sel(p) if r["rep"] in g99]
             paired = ("—", "—") if p == "goodput" else (
-                f"{sum(d > 0 for d in diffs)}/{len(diffs)}", f"{med(diffs) * 1000:+.0f} µs")
+                f"{sum(d > 0 for d in diffs)}/{len(diffs)} (p={sign_p(sum(d > 0 for d in diffs), len(diffs)):.2f})",
+                f"{med(diffs) * 1000:+.0f} µs")
             print(f"| {'stream' if stream else 'non-stream'} | {rate} | {p} | {a50:.0f} µs | {a99:.0f} µs | {cpu:.0f} µs | {rss:.1f} MB | {ratio(a50, g[0])} | {ratio(a99, g[1])} | {ratio(cpu, g[2])} | {paired[0]} | {paired[1]} | {bad} |")
 if not ladder:
     sys.exit(0)
