@@ -62,7 +62,16 @@ async fn shadow_resamples_are_scored_and_not_user_traffic() {
     assert!(metric(&text, "goodput_shadow_tokens_total", &[("kind", "sample"), ("type", "output")]) > 0.0);
 
     // The simulator's judge answers are neither Yes nor No: SelfCheck-Prompt maps them to 0.5.
-    let recs = gp.records(2).await;
+    // The checker counts the check before the recorder, on its next drain, files the score
+    // with the request's record.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let recs = loop {
+        let recs = gp.records(2).await;
+        if !recs[0]["hallucination_score"].is_null() || Instant::now() > deadline {
+            break recs;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let rec = &recs[0];
     assert_eq!(rec["hallucination_score"], 0.5, "{rec}");
     let sentences = rec["sentence_scores"].as_array().unwrap();
