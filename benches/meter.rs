@@ -4,14 +4,18 @@
 //! as the proxy does for every frame it forwards, and reports the median time per chunk over
 //! repeated runs, next to the bare SSE reader and a plain `Bytes` clone (the floor). The chunk
 //! reader is also timed against serde_json's reading of the same chunks (its fallback), and on
-//! a whole non-streaming response of about 2 KB.
+//! a whole non-streaming response of about 2 KB. Last, the recorder's publish: a snapshot of a
+//! full 60 s window, the first of a second (which merges every slot) against the later ones.
 
 use bytes::Bytes;
+use goodput::meter::RequestRecord;
 use goodput::meter::observe::ResponseMeter;
+use goodput::meter::window::Window;
+use goodput::openai::Operation;
 use goodput::openai::SseReader;
 use goodput::openai::response::{parse_chunk, parse_chunk_serde};
 use std::hint::black_box;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 const CHUNKS: usize = 2_000;
 const RUNS: usize = 41;
@@ -112,4 +116,46 @@ fn main() {
         "  serde_json                               {resp_serde:>8.0} ns   ({:.2}x the reader's)",
         resp_serde / resp_fast
     );
+    let (first, later) = window_snapshots();
+    println!(
+        "per snapshot of a 60 s window, 100 records in each second (the recorder publishes 4 a second):"
+    );
+    println!("  first of its second (merges every slot)  {first:>8.0} ns");
+    println!(
+        "  later in that second (one slot added)    {later:>8.0} ns   ({:.2}x the first's)",
+        later / first
+    );
+}
+
+/// Median ns per snapshot: alternating between two seconds (each one a first), and repeating
+/// one second (each one a later snapshot).
+fn window_snapshots() -> (f64, f64) {
+    let mut w = Window::new(60);
+    let mut r = RequestRecord::start(0, "b".into(), "r".into(), "c".into(), "m".into(), Operation::Chat);
+    for second in 0..=60 {
+        for i in 0..100u64 {
+            r.ttft = Some(Duration::from_micros(20_000 + i * 997 % 200_000));
+            r.tpot = Some(Duration::from_micros(5_000 + i * 131 % 20_000));
+            r.e2e = Duration::from_micros(200_000 + i * 7919 % 2_000_000);
+            r.completion_tokens = Some(100 + i);
+            w.add(second, &r, 0.0);
+        }
+    }
+    fn time(f: &mut dyn FnMut(u64) -> u64) -> f64 {
+        let mut samples: Vec<f64> = (0..RUNS)
+            .map(|_| {
+                let t = Instant::now();
+                for k in 0..20 {
+                    black_box(f(k));
+                }
+                t.elapsed().as_nanos() as f64 / 20.0
+            })
+            .collect();
+        samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        samples[RUNS / 2]
+    }
+    let first = time(&mut |k| w.snapshot(59 + k % 2).counts.requests);
+    let later = time(&mut |_| w.snapshot(60).counts.requests);
+    assert_eq!(w.snapshot(60).counts.requests, 6_000, "a full window");
+    (first, later)
 }

@@ -253,8 +253,8 @@ fn run(
                 snap.config.classes.contains_key(name) || name == crate::config::reload::UNCLASSED
             });
             let publish =
-                |scope: &str, ws: &HashMap<String, BackendWindows>| -> HashMap<String, WindowSnapshot> {
-                    ws.iter()
+                |scope: &str, ws: &mut HashMap<String, BackendWindows>| -> HashMap<String, WindowSnapshot> {
+                    ws.iter_mut()
                         .map(|(k, w)| {
                             let mut s = w.latency.snapshot(now);
                             s.quality = w.quality.snapshot(now);
@@ -264,8 +264,8 @@ fn run(
                         })
                         .collect()
                 };
-            shared.windows.store(Arc::new(publish("backend", &windows)));
-            shared.classes.store(Arc::new(publish("class", &classes)));
+            shared.windows.store(Arc::new(publish("backend", &mut windows)));
+            shared.classes.store(Arc::new(publish("class", &mut classes)));
             for b in &snap.backends {
                 metrics.backend_outstanding.with_label_values(&[&*b.name]).set(b.state.outstanding() as f64);
                 let state = b.state.breaker_state();
