@@ -64,14 +64,7 @@ async fn shadow_resamples_are_scored_and_not_user_traffic() {
     // The simulator's judge answers are neither Yes nor No: SelfCheck-Prompt maps them to 0.5.
     // The checker counts the check before the recorder, on its next drain, files the score
     // with the request's record.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    let recs = loop {
-        let recs = gp.records(2).await;
-        if !recs[0]["hallucination_score"].is_null() || Instant::now() > deadline {
-            break recs;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let recs = gp.records_when(2, "with a score", |r| !r[0]["hallucination_score"].is_null()).await;
     let rec = &recs[0];
     assert_eq!(rec["hallucination_score"], 0.5, "{rec}");
     let sentences = rec["sentence_scores"].as_array().unwrap();

@@ -7,7 +7,6 @@ mod common;
 use common::*;
 use goodput::quality::embed::{Embedder, cosine};
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
 
 fn dirs() -> (PathBuf, PathBuf) {
     let get = |k: &str| {
@@ -79,15 +78,8 @@ async fn embedding_method_scores_checks_behind_the_proxy() {
         "messages": [{"role": "user", "content": "Tell me about the tower."}]})
     .to_string();
     assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", &body)).await.status, 200);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let rec = loop {
-        let r = gp.records(1).await;
-        if !r[0]["hallucination_score"].is_null() {
-            break r[0].clone();
-        }
-        assert!(Instant::now() < deadline, "never checked: {r:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let recs = gp.records_when(1, "checked", |r| !r[0]["hallucination_score"].is_null()).await;
+    let rec = &recs[0];
     // The simulator's word salad at temperature 1 shares little with its other samples.
     let s = rec["hallucination_score"].as_f64().unwrap();
     assert!(s > 0.0 && s <= 1.0, "{rec}");

@@ -112,14 +112,25 @@ impl Goodput {
 
     /// Wait until at least `n` records exist, then return them (newest first).
     pub async fn records(&self, n: usize) -> Vec<serde_json::Value> {
-        let deadline = Instant::now() + Duration::from_secs(10);
+        self.records_when(n, "", |_| true).await
+    }
+
+    /// Wait until at least `n` records exist and `ready` holds for them (newest first), e.g.
+    /// until the recorder has filed a score that another thread counted first.
+    pub async fn records_when(
+        &self,
+        n: usize,
+        what: &str,
+        ready: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let v = self.admin_json("/admin/records?limit=10000").await;
             let a = v.as_array().unwrap().clone();
-            if a.len() >= n || Instant::now() > deadline {
-                assert!(a.len() >= n, "expected {n} records, have {}", a.len());
+            if a.len() >= n && ready(&a) {
                 return a;
             }
+            assert!(Instant::now() < deadline, "expected {n} records {what}, have {a:?}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
