@@ -144,6 +144,12 @@ async fn byte_transparent_for_every_path() {
             let recs = gp.records(1).await;
             let model = if body.contains("oops") { "unknown" } else { "m1" };
             assert_eq!(recs[0]["model"], model);
+            // Settled as what it was once the last byte went out, on either server loop.
+            let outcome = if body.contains("oops") { "client_error" } else { "ok" };
+            assert_eq!(recs[0]["outcome"], outcome, "{path} (direct: {direct}, server: {server})");
+            if String::from_utf8_lossy(&expected).contains("\"usage\":{") {
+                assert_eq!(recs[0]["completion_source"], "usage", "{path}: {}", recs[0]);
+            }
         }
     }
 }

@@ -99,6 +99,10 @@ pub struct MeteredBody {
     unflushed: bool,
     /// An upstream error held back for that flush.
     deferred: Option<BoxError>,
+    /// When the upstream body ended, if its record is still to be settled: the meter adds no
+    /// bytes at the end, so the parse of the response and the filing of its record wait until
+    /// the last bytes have been handed to the client (`settle`), instead of delaying them.
+    settle_at: Option<Instant>,
 }
 
 impl MeteredBody {
@@ -119,19 +123,19 @@ impl MeteredBody {
             ended: false,
             unflushed: true,
             deferred: None,
+            settle_at: None,
         };
         // An empty upstream body (`content-length: 0`) is never polled: hyper and the own
         // server loop write the head and stop. Settle the record now, or its drop would count
         // the request as cancelled.
         if body.metering.is_some() && body.inner.is_end_stream() {
-            body.end_of_upstream();
+            body.end_of_upstream(Instant::now());
         }
         body
     }
 
-    fn finish(&mut self, outcome: Option<Outcome>) {
+    fn finish(&mut self, outcome: Option<Outcome>, end: Instant) {
         let Some(mut m) = self.metering.take() else { return };
-        let end = Instant::now();
         let obs = &mut m.meter.observed;
         let r = &mut m.record;
         r.e2e = end.saturating_duration_since(m.t0);
@@ -195,8 +199,26 @@ impl MeteredBody {
         self.idle.as_mut().poll(cx).is_ready()
     }
 
-    /// The upstream body is complete: release any held bytes and emit the record.
-    fn end_of_upstream(&mut self) {
+    /// The upstream body is complete. When the meter may still add bytes (a held usage
+    /// chunk), they and the record come now; otherwise the record waits for `settle`.
+    fn upstream_ended(&mut self, at: Instant) {
+        self.ended = true;
+        match &self.metering {
+            Some(m) if !m.meter.may_rewrite() => self.settle_at = Some(at),
+            _ => self.end_of_upstream(at),
+        }
+    }
+
+    /// Settle a record held back by `upstream_ended`. The own server loop calls it after each
+    /// write to the client; dropping the body calls it too (hyper's server, or a client gone).
+    pub fn settle(&mut self) {
+        if let Some(at) = self.settle_at.take() {
+            self.end_of_upstream(at);
+        }
+    }
+
+    /// Release any held bytes and emit the record, its end-to-end time ending at `end`.
+    fn end_of_upstream(&mut self, end: Instant) {
         self.ended = true;
         if let Some(m) = &mut self.metering {
             let t = Instant::now();
@@ -207,7 +229,7 @@ impl MeteredBody {
                 (a, b) => a.or(b),
             };
         }
-        self.finish(None);
+        self.finish(None, end);
     }
 }
 
@@ -238,14 +260,14 @@ impl Body for MeteredBody {
                         if let Some(m) = &this.metering {
                             m.upstream_errors.with_label_values(&[&m.record.backend, "timeout_idle"]).inc();
                         }
-                        this.finish(Some(Outcome::Timeout));
+                        this.finish(Some(Outcome::Timeout), Instant::now());
                         return Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_after)))));
                     }
                     this.unflushed = false;
                     return Poll::Pending;
                 }
                 Poll::Ready(None) => {
-                    this.end_of_upstream();
+                    this.upstream_ended(Instant::now());
                     continue;
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -253,7 +275,7 @@ impl Body for MeteredBody {
                     if let Some(m) = &this.metering {
                         m.upstream_errors.with_label_values(&[&m.record.backend, "reset"]).inc();
                     }
-                    this.finish(Some(Outcome::UpstreamReset));
+                    this.finish(Some(Outcome::UpstreamReset), Instant::now());
                     if this.unflushed {
                         // The bytes that did arrive reach the client before the cut.
                         this.deferred = Some(e);
@@ -281,7 +303,7 @@ impl Body for MeteredBody {
                     // A body with a known length may never be polled to its end: hyper stops
                     // once it has written content-length bytes. Settle the record now.
                     if this.inner.is_end_stream() {
-                        this.end_of_upstream();
+                        this.upstream_ended(now);
                     }
                     match frame {
                         Some(f) => return Poll::Ready(Some(Ok(f))),
@@ -310,9 +332,10 @@ impl Body for MeteredBody {
 
 impl Drop for MeteredBody {
     fn drop(&mut self) {
+        self.settle();
         if self.metering.is_some() {
             // The client went away (or hyper gave up on the connection) before the end.
-            self.finish(Some(Outcome::Cancelled));
+            self.finish(Some(Outcome::Cancelled), Instant::now());
         }
     }
 }

@@ -23,6 +23,7 @@
 use bytes::{Buf, Bytes, BytesMut};
 use http::header::{CONNECTION, CONTENT_LENGTH, DATE, EXPECT, TRANSFER_ENCODING, UPGRADE};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response, Uri, Version};
+use http_body_util::Either;
 use hyper::body::Body;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::graceful::Watcher;
@@ -233,7 +234,13 @@ impl Conn {
                 }
             }
             if !self.out.is_empty() {
-                match self.out.poll_write(&mut self.stream, cx) {
+                let written = self.out.poll_write(&mut self.stream, cx);
+                // The last bytes are with the kernel (or waiting for the client): now the
+                // record of a finished response is filed.
+                if let Either::Left(b) = body {
+                    b.settle();
+                }
+                match written {
                     Poll::Ready(Ok(())) => {}
                     Poll::Ready(Err(_)) => return Poll::Ready(false),
                     Poll::Pending => {
