@@ -7,7 +7,7 @@
 # nginx alternated CHUNK_ROUNDS times.
 #
 #   scripts/bench-ab.sh REV_A [REV_B=working tree] [RATES="500 1000"] [DURATION=10s] [REPS=3]
-#                       [CHUNK_ROUNDS=3]
+#                       [CHUNK_ROUNDS=3; 0 skips] [GP_WORKERS=1]
 #
 # REV_A is built in a git worktree under target/ab (its own target directory: the first run
 # compiles every dependency once). Results: target/bench/ab-runs.jsonl and a table on stdout.
@@ -19,6 +19,8 @@ RATES="${RATES:-500 1000}"
 DURATION="${DURATION:-10s}"
 REPS="${REPS:-3}"
 TOKENS="${TOKENS:-16}"
+# One worker, as bench-peers.sh gives goodput beside one-worker peers.
+GP_WORKERS="${GP_WORKERS:-1}"
 OUT=target/bench
 mkdir -p "$OUT"
 
@@ -32,8 +34,8 @@ BIN=target/release/goodput
 
 start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
 SIM="${LINE##*addr=}"
-BIN="$A_BIN" start_goodput --upstream "http://$SIM"; GP_A="$GP"; PID_A="$GP_PID"
-BIN="$B_BIN" start_goodput --upstream "http://$SIM"; GP_B="$GP"; PID_B="$GP_PID"
+BIN="$A_BIN" start_goodput --upstream "http://$SIM" --workers "$GP_WORKERS"; GP_A="$GP"; PID_A="$GP_PID"
+BIN="$B_BIN" start_goodput --upstream "http://$SIM" --workers "$GP_WORKERS"; GP_B="$GP"; PID_B="$GP_PID"
 echo "sim=$SIM a=$GP_A ($REV_A) b=$GP_B (${REV_B:-working tree}) k6=$K6" >&2
 
 results="$OUT/ab-runs.jsonl"
@@ -41,7 +43,9 @@ results="$OUT/ab-runs.jsonl"
 for stream in 0 1; do
   for rate in $RATES; do
     for rep in $(seq "$REPS"); do
-      for path in direct a b; do
+      # Reversed on every other repetition, so that a drift of the machine favours neither build.
+      order="direct a b"; [ $((rep % 2)) -eq 0 ] && order="b a direct"
+      for path in $order; do
         pid=""
         case "$path" in
           direct) url="http://$SIM/v1/chat/completions" ;;
@@ -62,8 +66,12 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 a, b = sys.argv[2], sys.argv[3]
 hz = int(sys.argv[4])
-print(f"| mode | rate (req/s) | direct p50 / p99 | A ({a}) added p50 / p99 | B ({b}) added p50 / p99 | B/A added p50 | CPU per request A / B | B/A CPU | dropped/failed |")
-print("|---|---|---|---|---|---|---|---|---|")
+from math import comb
+def sign_p(k, n):  # two-sided sign test: k of n paired runs favour one side
+    t = sum(comb(n, i) for i in range(min(k, n - k) + 1)) / 2 ** n
+    return min(1.0, 2 * t)
+print(f"| mode | rate (req/s) | direct p50 / p99 | A ({a}) added p50 / p99 | B ({b}) added p50 / p99 | B/A added p50 | B lower, p50 / p99 (sign test p) | CPU per request A / B | B/A CPU | dropped/failed |")
+print("|---|---|---|---|---|---|---|---|---|---|")
 for stream in (0, 1):
     for rate in sorted({r["rate"] for r in rows}):
         sel = lambda p: [r["k6"] for r in rows if r["stream"] == stream and r["rate"] == rate and r["path"] == p]
@@ -76,9 +84,19 @@ for stream in (0, 1):
         cpu = lambda p: statistics.median(r["cpu_ticks"] / hz / r["k6"]["reqs"] * 1e6 for r in rows
                                           if r["stream"] == stream and r["rate"] == rate and r["path"] == p)
         ca, cb = cpu("a"), cpu("b")
-        print(f"| {'stream' if stream else 'non-stream'} | {rate} | {d50:.3f} / {d99:.3f} ms | {a50:.0f} µs / {a99:.0f} µs | {b50:.0f} µs / {b99:.0f} µs | {b50 / a50:.2f} | {ca:.0f} / {cb:.0f} µs | {cb / ca:.2f} | {bad} |")
+        # Paired: A and B of the same repetition ran back to back.
+        reps = {}
+        for r in rows:
+            if r["stream"] == stream and r["rate"] == rate and r["path"] in ("a", "b"):
+                reps.setdefault(r["rep"], {})[r["path"]] = r["k6"]
+        pairs = [v for v in reps.values() if len(v) == 2]
+        lower = lambda k: sum(v["b"][k] < v["a"][k] for v in pairs)
+        l50, l99, n = lower("med_ms"), lower("p99_ms"), len(pairs)
+        paired = f"{l50}/{n} ({sign_p(l50, n):.2g}) / {l99}/{n} ({sign_p(l99, n):.2g})"
+        print(f"| {'stream' if stream else 'non-stream'} | {rate} | {d50:.3f} / {d99:.3f} ms | {a50:.0f} µs / {a99:.0f} µs | {b50:.0f} µs / {b99:.0f} µs | {b50 / a50:.2f} | {paired} | {ca:.0f} / {cb:.0f} µs | {cb / ca:.2f} | {bad} |")
 PY
 
+[ "${CHUNK_ROUNDS:-3}" -gt 0 ] || exit 0
 # Per-chunk latency on the wire: rounds alternate A, B, nginx and socat (a byte relay: the
 # floor of one proxy hop), the same machine noise for all; the table gives the median over
 # rounds of each round's added p50 and p99.
