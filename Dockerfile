@@ -18,7 +18,7 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
 COPY benches benches
-RUN cargo build --release --locked --bin goodput ${FEATURES:+--features ${FEATURES}}
+RUN cargo build --profile production --locked --bin goodput ${FEATURES:+--features ${FEATURES}}
 
 # libonnxruntime.so from the PyPI wheel, as scripts/setup-onnxruntime.sh takes it.
 FROM python:${PYTHON_VERSION}-slim-bookworm AS onnxruntime
@@ -53,7 +53,7 @@ USER 65532:65532
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/target/release/goodput /usr/local/bin/goodput
+COPY --from=build /src/target/production/goodput /usr/local/bin/goodput
 COPY --from=onnxruntime /opt/onnxruntime/ /usr/lib/goodput/
 COPY config/goodput.yaml /etc/goodput/goodput.yaml
 ENV ORT_DYLIB_PATH=/usr/lib/goodput/libonnxruntime.so

@@ -10,6 +10,7 @@
 # a drift of the machine favours no path.
 #
 #   scripts/bench-peers.sh [RATES="100 400"; "" skips them] [REPS=2] [DURATION=6s] [LADDER="5 10 ... 2560"; "" skips it]
+#                          [PROFILE=production]
 #
 # Results: target/bench/peers-*.jsonl and markdown tables on stdout (for BENCHMARKS.md).
 set -euo pipefail
@@ -23,14 +24,17 @@ MAX_P99_MS="${MAX_P99_MS:-250}"
 PATHS="${PATHS:-direct goodput nginx envoy haproxy litellm}"
 TOKENS="${TOKENS:-16}"
 GP_WORKERS="${GP_WORKERS:-1}"
+# The build that ships (the image's: Cargo.toml's `production` profile, LTO); PROFILE=release
+# measures the test build.
+PROFILE="${PROFILE:-production}"
 export LITELLM_KEY="${LITELLM_KEY:-sk-goodput-bench-7f3a9c2e5b1d4f8a6c0e9b2d7a5f3c1e}"
 OUT=target/bench
 mkdir -p "$OUT"
 
 K6="$(scripts/setup-bench.sh | tail -1)"
 read -r ENVOY LITELLM <<< "$(scripts/setup-peers.sh | tail -1)"
-cargo build --release --quiet
-BIN=target/release/goodput
+cargo build --profile "$PROFILE" --quiet --bin goodput
+BIN="target/$PROFILE/goodput"
 # shellcheck source=scripts/bench/lib.sh
 source scripts/bench/lib.sh
 
