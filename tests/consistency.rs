@@ -64,8 +64,8 @@ async fn shadow_resamples_are_scored_and_not_user_traffic() {
     // The simulator's judge answers are neither Yes nor No: SelfCheck-Prompt maps them to 0.5.
     // The checker counts the check before the recorder, on its next drain, files the score
     // with the request's record.
-    let recs = gp.records_when(2, "with a score", |r| !r[0]["hallucination_score"].is_null()).await;
-    let rec = &recs[0];
+    let recs = gp.records_when(2, "with a score", |r| !latest(r)["hallucination_score"].is_null()).await;
+    let rec = latest(&recs);
     assert_eq!(rec["hallucination_score"], 0.5, "{rec}");
     let sentences = rec["sentence_scores"].as_array().unwrap();
     assert!(!sentences.is_empty() && sentences.iter().all(|s| s == 0.5));

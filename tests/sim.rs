@@ -118,7 +118,8 @@ async fn demo_config_serves_from_the_in_process_sims_and_routes() {
     let r = send(gp.proxy, post_json("/v1/chat/completions", body)).await;
     assert_eq!(r.headers["x-goodput-backend"], "standard", "{:?}", r.headers);
     assert_eq!(r.headers["x-goodput-reason"], "cheapest");
-    let rec = &gp.records(13).await[0];
+    let recs = gp.records(13).await;
+    let rec = latest(&recs);
     assert_eq!(rec["backend"], "standard");
     assert_eq!(rec["model"], "sim-model");
     assert!(rec["ttft"].as_f64().unwrap() > 0.03, "demo TTFT is around 80 ms");

@@ -136,6 +136,13 @@ impl Goodput {
     }
 }
 
+/// The record of the request that started last. Records are listed in the order they were
+/// filed, which is after each answer's last write: a request that follows another at once can
+/// be filed first when the proxy's thread is preempted in between.
+pub fn latest(recs: &[serde_json::Value]) -> &serde_json::Value {
+    recs.iter().max_by_key(|r| r["id"].as_u64()).expect("no records")
+}
+
 /// The reference model's directory and ONNX Runtime's library, as scripts/test.sh exports them.
 pub fn reference_model() -> (String, String) {
     let get = |k: &str| {
