@@ -27,11 +27,7 @@ scripts/setup-bench.sh >/dev/null # nginx
 
 # shellcheck source=scripts/bench/lib.sh
 source scripts/bench/lib.sh
-cargo build --release --quiet
-BIN=target/release/goodput
-paths=("goodput=$BIN")
-if [ -n "$REV_A" ]; then paths+=("goodput@$REV_A=$(build_rev "$REV_A" | tail -1)"); fi
-paths+=("nginx=nginx")
+goodput_and_nginx "$REV_A"
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

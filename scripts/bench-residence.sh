@@ -24,12 +24,7 @@ mkdir -p "$OUT"
 scripts/setup-bench.sh >/dev/null # nginx
 # shellcheck source=scripts/bench/lib.sh
 source scripts/bench/lib.sh
-cargo build --release --quiet
-BIN=target/release/goodput
-paths=("goodput=$BIN")
-if [ -n "$REV_A" ]; then paths+=("goodput@$REV_A=$(build_rev "$REV_A" | tail -1)"); fi
-for e in ${EXTRA:-}; do paths+=("$e"); done
-paths+=("nginx=nginx")
+goodput_and_nginx "$REV_A"
 EVENTS=""
 for s in read recvfrom readv recvmsg write sendto writev sendmsg; do
   EVENTS="$EVENTS,syscalls:sys_enter_$s,syscalls:sys_exit_$s"

@@ -40,6 +40,17 @@ chunk_latency() { # NAME PROXY
   wait "$cl"; kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true
 }
 
+# The paths a per-request benchmark compares: goodput (working tree, release), goodput at
+# REV_A when given, any EXTRA "name=binary" pairs, then nginx. Sets BIN and the array `paths`.
+goodput_and_nginx() { # [REV_A]
+  cargo build --release --quiet
+  BIN=target/release/goodput
+  paths=("goodput=$BIN")
+  if [ -n "${1:-}" ]; then paths+=("goodput@$1=$(build_rev "$1" | tail -1)"); fi
+  for e in ${EXTRA:-}; do paths+=("$e"); done
+  paths+=("nginx=nginx")
+}
+
 LINE=""
 start() { # start CMD... ; sets LINE to its first stdout line, appends its pid to pids
   local log; log="$(mktemp)"
