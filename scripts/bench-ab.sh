@@ -7,7 +7,9 @@
 # nginx alternated CHUNK_ROUNDS times.
 #
 #   scripts/bench-ab.sh REV_A [REV_B=working tree] [RATES="500 1000"] [DURATION=10s] [REPS=3]
-#                       [CHUNK_ROUNDS=3; 0 skips] [GP_WORKERS=1]
+#                       [CHUNK_ROUNDS=3; 0 skips] [GP_WORKERS=1] [LOADGEN=k6|bench]
+#
+# LOADGEN=bench drives the load with `goodput bench` (the working tree's), as bench-peers.sh can.
 #
 # REV_A is built in a git worktree under target/ab (its own target directory: the first run
 # compiles every dependency once). Results: target/bench/ab-runs.jsonl and a table on stdout.
@@ -31,6 +33,7 @@ K6="$(scripts/setup-bench.sh | tail -1)"
 A_BIN="$(build_rev "$REV_A" | tail -1)"
 if [ -n "$REV_B" ]; then B_BIN="$(build_rev "$REV_B" | tail -1)"; else cargo build --release --quiet; B_BIN=target/release/goodput; fi
 BIN=target/release/goodput
+LOADGEN_BIN="$BIN"
 
 start $BIN sim --listen 127.0.0.1:0 --ttft-ms 0 --tpot-ms 0 --output-tokens "$TOKENS"
 SIM="${LINE##*addr=}"
@@ -53,7 +56,8 @@ for stream in 0 1; do
           b) url="http://$GP_B/v1/chat/completions"; pid="$PID_B" ;;
         esac
         c0=0; [ -n "$pid" ] && c0="$(cpu_ticks "$pid")"
-        r="$(run_k6 "$url" "$rate" "$stream")"
+        if [ "${LOADGEN:-k6}" = bench ]; then r="$(bench_run "${url%/v1/chat/completions}" "$rate" "$stream" "$DURATION")"
+        else r="$(run_k6 "$url" "$rate" "$stream")"; fi
         cpu=0; [ -n "$pid" ] && cpu=$(( $(cpu_ticks "$pid") - c0 ))
         echo "{\"stream\":$stream,\"rate\":$rate,\"rep\":$rep,\"path\":\"$path\",\"k6\":$r,\"cpu_ticks\":$cpu}" | tee -a "$results" >&2
       done

@@ -75,6 +75,25 @@ sim_config() { # SIM_ADDR FILE: a goodput config with the simulator at SIM_ADDR 
   printf 'backends:\n  - name: sim\n    url: http://%s\n    models: [sim-model]\n' "$1" > "$2"
 }
 
+# The same open-loop load from `goodput bench` ($LOADGEN_BIN, default $BIN): regular arrivals
+# (gamma shape 1000), about a quarter of k6's CPU per request on this machine. Prints the
+# json line run_k6 does. AUTH, when set, is a NAME:VALUE header for every request.
+bench_run() { # base_url rate stream duration
+  local f="$OUT/gb-$RANDOM.json" n
+  n="$(python3 -c "print(int($2 * float('${4%s}')))")"
+  "${LOADGEN_BIN:-$BIN}" bench --target "$1" --model sim-model --rate "$2" --burstiness 1000 --num-requests "$n" \
+    --input-len 2 --output-len "$TOKENS" $([ "$3" = 1 ] || echo --no-stream) \
+    ${AUTH:+--header "$AUTH"} --quiet --json "$f" >/dev/null 2>&1 || true
+  python3 - "$f" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1]))
+print(json.dumps({"med_ms": m["e2el"]["median_ms"], "p99_ms": m["e2el"]["p99_ms"],
+                  "reqs": m["completed"] + m["failed"], "dropped": 0, "failed": m["failed"],
+                  "checks_failed": 0}))
+PY
+  rm -f "$f"
+}
+
 run_k6() { # url rate stream -> json line {med, p99, dropped, failed}
   local f="$OUT/k6-$RANDOM.json"
   URL="$1" RATE="$2" STREAM="$3" DURATION="$DURATION" MAX_TOKENS="$TOKENS" \
