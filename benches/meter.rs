@@ -4,8 +4,8 @@
 //! as the proxy does for every frame it forwards, and reports the median time per chunk over
 //! repeated runs, next to the bare SSE reader and a plain `Bytes` clone (the floor). The chunk
 //! reader is also timed against serde_json's reading of the same chunks (its fallback), and on
-//! a whole non-streaming response of about 2 KB. Last, the recorder's publish: a snapshot of a
-//! full 60 s window, the first of a second (which merges every slot) against the later ones.
+//! a whole non-streaming response of about 2 KB. Last, the recorder's work on a full 60 s
+//! window: a second's records and its four snapshots.
 
 use bytes::Bytes;
 use goodput::meter::RequestRecord;
@@ -116,46 +116,53 @@ fn main() {
         "  serde_json                               {resp_serde:>8.0} ns   ({:.2}x the reader's)",
         resp_serde / resp_fast
     );
-    let (first, later) = window_snapshots();
+    let (second, first, later) = window_publishing();
     println!(
-        "per snapshot of a 60 s window, 100 records in each second (the recorder publishes 4 a second):"
+        "the recorder's work on a full 60 s window per second, 100 records in each (it publishes 4 times a second):"
     );
-    println!("  first of its second (merges every slot)  {first:>8.0} ns");
-    println!(
-        "  later in that second (one slot added)    {later:>8.0} ns   ({:.2}x the first's)",
-        later / first
-    );
+    println!("  a second: 100 records and 4 snapshots    {second:>8.0} ns");
+    println!("  its first snapshot                       {first:>8.0} ns");
+    println!("  a later snapshot in that second          {later:>8.0} ns");
 }
 
-/// Median ns per snapshot: alternating between two seconds (each one a first), and repeating
-/// one second (each one a later snapshot).
-fn window_snapshots() -> (f64, f64) {
+/// Medians over RUNS seconds of a full window, each second as the recorder lives it: the
+/// second's 100 records (the first of them empties the slot that leaves the window), then four
+/// snapshots. Returns ns for the whole second, its first snapshot and a later one.
+fn window_publishing() -> (f64, f64, f64) {
     let mut w = Window::new(60);
     let mut r = RequestRecord::start(0, "b".into(), "r".into(), "c".into(), "m".into(), Operation::Chat);
-    for second in 0..=60 {
+    let mut fill = |w: &mut Window, second: u64| {
         for i in 0..100u64 {
-            r.ttft = Some(Duration::from_micros(20_000 + i * 997 % 200_000));
-            r.tpot = Some(Duration::from_micros(5_000 + i * 131 % 20_000));
-            r.e2e = Duration::from_micros(200_000 + i * 7919 % 2_000_000);
+            r.ttft = Some(Duration::from_micros(20_000 + (i + second) * 997 % 200_000));
+            r.tpot = Some(Duration::from_micros(5_000 + (i + second) * 131 % 20_000));
+            r.e2e = Duration::from_micros(200_000 + (i + second) * 7919 % 2_000_000);
             r.completion_tokens = Some(100 + i);
             w.add(second, &r, 0.0);
         }
+    };
+    for second in 0..60 {
+        fill(&mut w, second);
+        w.snapshot(second);
     }
-    fn time(f: &mut dyn FnMut(u64) -> u64) -> f64 {
-        let mut samples: Vec<f64> = (0..RUNS)
-            .map(|_| {
-                let t = Instant::now();
-                for k in 0..20 {
-                    black_box(f(k));
-                }
-                t.elapsed().as_nanos() as f64 / 20.0
-            })
-            .collect();
-        samples.sort_by(|a, b| a.partial_cmp(b).unwrap());
-        samples[RUNS / 2]
+    let (mut whole, mut first, mut later) = (Vec::new(), Vec::new(), Vec::new());
+    for second in 60..60 + RUNS as u64 {
+        let t = Instant::now();
+        fill(&mut w, second);
+        let t1 = Instant::now();
+        black_box(w.snapshot(second).counts.requests);
+        let t2 = Instant::now();
+        for _ in 0..3 {
+            black_box(w.snapshot(second).counts.requests);
+        }
+        let t3 = Instant::now();
+        whole.push((t3 - t).as_nanos() as f64);
+        first.push((t2 - t1).as_nanos() as f64);
+        later.push((t3 - t2).as_nanos() as f64 / 3.0);
     }
-    let first = time(&mut |k| w.snapshot(59 + k % 2).counts.requests);
-    let later = time(&mut |_| w.snapshot(60).counts.requests);
-    assert_eq!(w.snapshot(60).counts.requests, 6_000, "a full window");
-    (first, later)
+    assert_eq!(w.snapshot(60 + RUNS as u64 - 1).counts.requests, 6_000, "a full window");
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        v[v.len() / 2]
+    };
+    (median(whole), median(first), median(later))
 }
