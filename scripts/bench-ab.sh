@@ -70,10 +70,8 @@ import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 a, b = sys.argv[2], sys.argv[3]
 hz = int(sys.argv[4])
-from math import comb
-def sign_p(k, n):  # two-sided sign test: k of n paired runs favour one side
-    t = sum(comb(n, i) for i in range(min(k, n - k) + 1)) / 2 ** n
-    return min(1.0, 2 * t)
+sys.path.insert(0, "scripts/bench")
+from pairs import sign_p  # two-sided sign test: k of n paired runs favour one side
 print(f"| mode | rate (req/s) | direct p50 / p99 | A ({a}) added p50 / p99 | B ({b}) added p50 / p99 | B/A added p50 | B lower, p50 / p99 (sign test p) | CPU per request A / B | B/A CPU | dropped/failed |")
 print("|---|---|---|---|---|---|---|---|---|---|")
 for stream in (0, 1):

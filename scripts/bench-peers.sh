@@ -137,9 +137,8 @@ tck, max_p99 = int(sys.argv[3]), sys.argv[4]
 paths = list(dict.fromkeys(r["path"] for r in fixed + ladder))  # RATES="" runs the ladder alone
 proxies = [p for p in paths if p != "direct"]
 med = lambda xs: statistics.median(xs) if xs else float("nan")
-def sign_p(k, n):
-    tail = sum(math.comb(n, i) for i in range(0, min(k, n - k) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
+sys.path.insert(0, "scripts/bench")
+from pairs import sign_p, summarize
 # p99 differences between paths are mostly machine noise at these rates, so each path's p99 is
 # also compared with goodput's run by run: the two runs of one repetition are adjacent in time.
 # "goodput's p99 lower" counts the repetitions where it was, with the two-sided sign test's p
@@ -172,9 +171,7 @@ if fixed:
     print()
     print("Every row's pairs together (scripts/bench/pairs.py):")
     print()
-    sys.stdout.flush()
-    import subprocess
-    subprocess.run([sys.executable, "scripts/bench/pairs.py", sys.argv[1]], check=True)
+    summarize([sys.argv[1]])
 if not ladder:
     sys.exit(0)
 print()

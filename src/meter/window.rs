@@ -202,17 +202,18 @@ impl Window {
         }
         if !r.outcome.is_error() {
             // Values are clamped into the histograms' bounds: recording cannot fail.
-            if let Some(t) = r.ttft {
-                let _ = s.h.ttft.record(micros(t));
-                let _ = total.ttft.record(micros(t));
+            if let Some(t) = r.ttft.map(micros) {
+                let _ = s.h.ttft.record(t);
+                let _ = total.ttft.record(t);
             }
-            if let Some(t) = r.tpot {
-                let _ = s.h.tpot.record(micros(t));
-                let _ = total.tpot.record(micros(t));
+            if let Some(t) = r.tpot.map(micros) {
+                let _ = s.h.tpot.record(t);
+                let _ = total.tpot.record(t);
             }
             if r.outcome == super::record::Outcome::Ok {
-                let _ = s.h.e2e.record(micros(r.e2e));
-                let _ = total.e2e.record(micros(r.e2e));
+                let t = micros(r.e2e);
+                let _ = s.h.e2e.record(t);
+                let _ = total.e2e.record(t);
             }
         }
     }
