@@ -51,15 +51,28 @@ if [ ! -x "$VENV/bin/python" ]; then
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install --quiet --upgrade pip wheel
 fi
-if ! ls "$WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
+# A portable build (AVX2, no -march=native): a native build on a CPU with AMX runs
+# ggml's AMX kernels, whose first `ldtilecfg` faults (SIGSEGV) on a thread the kernel has not
+# granted AMX state to, which killed the server mid-test on such machines. Built into its own
+# folder, so that a cache holding a native wheel builds this one once; without pip's wheel cache,
+# which keys a build by the source, not by CMAKE_ARGS.
+LLAMA_WHEELS="$WHEELS/llama-portable"
+LLAMA_CMAKE="-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+if ! ls "$LLAMA_WHEELS"/llama_cpp_python-"$LLAMA_VERSION"-*.whl >/dev/null 2>&1; then
   log "building llama-cpp-python $LLAMA_VERSION from source (4-20 minutes on 2 cores)"
-  CMAKE_ARGS="-DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
-    "$VENV/bin/pip" wheel --quiet --no-deps -w "$WHEELS" "llama-cpp-python==$LLAMA_VERSION"
+  mkdir -p "$LLAMA_WHEELS"
+  CMAKE_ARGS="$LLAMA_CMAKE" CMAKE_BUILD_PARALLEL_LEVEL="$(nproc)" \
+    "$VENV/bin/pip" wheel --quiet --no-deps --no-cache-dir -w "$LLAMA_WHEELS" "llama-cpp-python==$LLAMA_VERSION"
 fi
-if ! "$VENV/bin/python" -c "import llama_cpp, uvicorn, openai, gguf" >/dev/null 2>&1; then
+stamp="$VENV/.llama-build"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$LLAMA_CMAKE" ] \
+    || ! "$VENV/bin/python" -c "import llama_cpp, uvicorn, openai, gguf" >/dev/null 2>&1; then
   log "installing the server, the openai SDK and gguf into $VENV"
-  "$VENV/bin/pip" install --quiet --find-links "$WHEELS" \
+  "$VENV/bin/pip" install --quiet --force-reinstall --no-deps --find-links "$LLAMA_WHEELS" \
+    "llama-cpp-python==$LLAMA_VERSION"
+  "$VENV/bin/pip" install --quiet --find-links "$LLAMA_WHEELS" \
     "llama-cpp-python[server]==$LLAMA_VERSION" "openai==$OPENAI_VERSION" "gguf==$GGUF_PY_VERSION" numpy
+  echo "$LLAMA_CMAKE" > "$stamp"
 fi
 
 # 4. The served model's tokenizer.json (and chat template), built from the GGUF itself.

@@ -13,10 +13,15 @@ llm="$(scripts/setup-llm.sh | tail -1)"
 read -r _LLM_VENV GGUF TOKDIR <<< "$llm"
 scripts/setup-onnxruntime.sh >/dev/null
 OUT="$CACHE/models/smollm2-135m-instruct-onnx"
-if ! "$VENV/bin/python" -c "import onnxruntime, onnx, gguf, numpy, llama_cpp" >/dev/null 2>&1; then
-  # llama-cpp-python from the wheel setup-llm.sh built: the reference side of the check.
-  "$VENV/bin/pip" install --quiet --find-links "$CACHE/wheels" \
+# llama-cpp-python from the wheel setup-llm.sh built (the reference side of the check), the same
+# build as the server's: its stamp says which.
+if [ "$(cat "$VENV/.llama-build" 2>/dev/null)" != "$(cat "$_LLM_VENV/.llama-build")" ] \
+    || ! "$VENV/bin/python" -c "import onnxruntime, onnx, gguf, numpy, llama_cpp" >/dev/null 2>&1; then
+  "$VENV/bin/pip" install --quiet --force-reinstall --no-deps --find-links "$CACHE/wheels/llama-portable" \
+    "llama-cpp-python==0.3.36"
+  "$VENV/bin/pip" install --quiet --find-links "$CACHE/wheels/llama-portable" \
     onnx numpy "gguf==0.19.0" "llama-cpp-python==0.3.36"
+  cp "$_LLM_VENV/.llama-build" "$VENV/.llama-build"
 fi
 if [ ! -s "$OUT/model.onnx" ] || [ "$OUT/model.onnx" -ot scripts/models/gguf_to_onnx.py ]; then
   "$VENV/bin/python" scripts/models/gguf_to_onnx.py "$GGUF" "$OUT"
