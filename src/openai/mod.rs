@@ -4,6 +4,7 @@ pub mod request;
 pub mod response;
 pub(crate) mod skim;
 pub mod sse;
+pub mod types;
 
 pub use request::{Operation, RequestInfo, inject_include_usage};
 pub use response::{ChunkInfo, Usage, parse_chunk, parse_response};

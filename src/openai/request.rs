@@ -2,12 +2,7 @@
 
 use serde::Deserialize;
 
-/// Which metered OpenAI operation a path is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Operation {
-    Chat,
-    Completion,
-}
+pub use super::types::{Operation, RequestInfo};
 
 impl Operation {
     /// `gen_ai.operation.name` values of the OpenTelemetry GenAI conventions.
@@ -29,21 +24,6 @@ impl Operation {
             None
         }
     }
-}
-
-/// What the proxy learned from a request body. Parsing never fails: a body that is not a JSON
-/// object yields `valid_json == false` and is forwarded unchanged.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RequestInfo {
-    pub valid_json: bool,
-    pub model: Option<String>,
-    pub stream: bool,
-    /// `stream_options.include_usage` as the client sent it.
-    pub include_usage: Option<bool>,
-    pub has_stream_options: bool,
-    pub continuous_usage_stats: bool,
-    pub n: u32,
-    pub max_tokens: Option<u64>,
 }
 
 #[derive(Deserialize)]

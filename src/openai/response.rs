@@ -3,13 +3,7 @@
 use serde::Deserialize;
 use std::borrow::Cow;
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-pub struct Usage {
-    #[serde(default)]
-    pub prompt_tokens: Option<u64>,
-    #[serde(default)]
-    pub completion_tokens: Option<u64>,
-}
+pub use super::types::{ChunkInfo, Usage};
 
 #[derive(Deserialize)]
 struct RawChunk<'a> {
@@ -47,22 +41,6 @@ struct RawMessage<'a> {
     reasoning: Option<Cow<'a, str>>,
     #[serde(default)]
     tool_calls: Option<serde::de::IgnoredAny>,
-}
-
-/// What one stream chunk (one SSE `data:` payload) carried.
-#[derive(Debug, Default, PartialEq)]
-pub struct ChunkInfo<'a> {
-    /// Generated text per choice index, for the tokenizer fallback (borrowed when unescaped).
-    pub texts: Vec<(u32, Cow<'a, str>)>,
-    /// Some choice carried generated content (text, reasoning or a tool call delta).
-    pub content: bool,
-    /// Number of choices that carried content in this chunk.
-    pub content_choices: u32,
-    pub finish_reasons: Vec<(u32, Cow<'a, str>)>,
-    pub usage: Option<Usage>,
-    /// `choices: []` with a usage object: the final usage-only chunk of include_usage.
-    pub usage_only: bool,
-    pub error: bool,
 }
 
 /// Parse one chunk. `None` means the payload was not a JSON object (the stream is still

@@ -12,8 +12,7 @@
 
 use std::borrow::Cow;
 
-use super::request::RequestInfo;
-use super::response::{ChunkInfo, Usage};
+use super::types::{ChunkInfo, RequestInfo, Usage};
 
 /// This reader cannot vouch for the answer; serde_json must decide.
 #[derive(Debug, PartialEq, Eq)]
