@@ -130,7 +130,7 @@ fn main() {
 /// snapshots. Returns ns for the whole second, its first snapshot and a later one.
 fn window_publishing() -> (f64, f64, f64) {
     let mut w = Window::new(60);
-    let mut r = RequestRecord::start(0, "b".into(), "r".into(), "c".into(), "m".into(), Operation::Chat);
+    let mut r = RequestRecord::start(0, Operation::Chat);
     let mut fill = |w: &mut Window, second: u64| {
         for i in 0..100u64 {
             r.ttft = Some(Duration::from_micros(20_000 + (i + second) * 997 % 200_000));

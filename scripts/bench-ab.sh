@@ -6,8 +6,15 @@
 # ratio to A. Then per-chunk latency on the wire (scripts/bench/chunk_latency.py), A, B and
 # nginx alternated CHUNK_ROUNDS times.
 #
+# Then realistic pacing (PACED_RATES, default "100 400" streams/s; empty skips): the simulator
+# at --ttft-ms 50 --tpot-ms 10 --jitter 0 with 64 output tokens, driven by `goodput bench`
+# (open loop, Poisson), direct vs A vs B vs nginx alternated REPS times: added TTFT and
+# inter-token latency (p50 and p99 over direct, median over the repetitions) and each proxy's
+# CPU time per streamed token.
+#
 #   scripts/bench-ab.sh REV_A [REV_B=working tree] [RATES="500 1000"] [DURATION=10s] [REPS=3]
 #                       [CHUNK_ROUNDS=3; 0 skips] [GP_WORKERS=1] [LOADGEN=k6|bench]
+#                       [PACED_RATES="100 400"] [PACED_DURATION=10s] [ZERO_DELAY=1; 0 skips]
 #
 # LOADGEN=bench drives the load with `goodput bench` (the working tree's), as bench-peers.sh can.
 #
@@ -43,6 +50,7 @@ echo "sim=$SIM a=$GP_A ($REV_A) b=$GP_B (${REV_B:-working tree}) k6=$K6" >&2
 
 results="$OUT/ab-runs.jsonl"
 : > "$results"
+[ "${ZERO_DELAY:-1}" = 1 ] || RATES=""
 for stream in 0 1; do
   for rate in $RATES; do
     for rep in $(seq "$REPS"); do
@@ -65,7 +73,7 @@ for stream in 0 1; do
   done
 done
 
-python3 - "$results" "$REV_A" "${REV_B:-working tree}" "$(getconf CLK_TCK)" <<'PY'
+[ -z "$RATES" ] || python3 - "$results" "$REV_A" "${REV_B:-working tree}" "$(getconf CLK_TCK)" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
 a, b = sys.argv[2], sys.argv[3]
@@ -97,6 +105,73 @@ for stream in (0, 1):
         paired = f"{l50}/{n} ({sign_p(l50, n):.2g}) / {l99}/{n} ({sign_p(l99, n):.2g})"
         print(f"| {'stream' if stream else 'non-stream'} | {rate} | {d50:.3f} / {d99:.3f} ms | {a50:.0f} µs / {a99:.0f} µs | {b50:.0f} µs / {b99:.0f} µs | {b50 / a50:.2f} | {paired} | {ca:.0f} / {cb:.0f} µs | {cb / ca:.2f} | {bad} |")
 PY
+
+PACED_RATES="${PACED_RATES-100 400}"
+if [ -n "$PACED_RATES" ]; then
+  scripts/setup-bench.sh >/dev/null # nginx
+  start "$BIN" sim --listen 127.0.0.1:0 --ttft-ms 50 --tpot-ms 10 --jitter 0 --output-tokens 64
+  PSIM="${LINE##*addr=}"
+  BIN="$A_BIN" start_goodput --upstream "http://$PSIM" --workers "$GP_WORKERS"; PGP_A="$GP"; PPID_A="$GP_PID"
+  BIN="$B_BIN" start_goodput --upstream "http://$PSIM" --workers "$GP_WORKERS"; PGP_B="$GP"; PPID_B="$GP_PID"
+  nport="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
+  NGINX_WORKERS=1 scripts/bench/nginx.sh "${PSIM##*:}" "$nport" "$PWD/$OUT/nginx-paced" >/dev/null 2>&1 &
+  pids+=($!); sleep 0.5
+  NGINX_PID="$(cat "$OUT/nginx-paced/nginx.pid")"
+  paced="$OUT/ab-paced.jsonl"
+  : > "$paced"
+  for rate in $PACED_RATES; do
+    for rep in $(seq "$REPS"); do
+      order="direct a b nginx"; [ $((rep % 2)) -eq 0 ] && order="nginx b a direct"
+      for path in $order; do
+        case "$path" in
+          direct) base="http://$PSIM"; pid="" ;;
+          a) base="http://$PGP_A"; pid="$PPID_A" ;;
+          b) base="http://$PGP_B"; pid="$PPID_B" ;;
+          nginx) base="http://127.0.0.1:$nport"; pid="$NGINX_PID" ;;
+        esac
+        c0=0; [ -n "$pid" ] && c0="$(cpu_ticks "$pid")"
+        f="$OUT/paced-$RANDOM.json"
+        n="$(python3 -c "print(int($rate * float('${PACED_DURATION:-10s}'.rstrip('s'))))")"
+        "$BIN" bench --target "$base" --model sim-model --rate "$rate" --num-requests "$n" \
+          --input-len 2 --output-len 64 --quiet --json "$f" >/dev/null 2>&1 || true
+        cpu=0; [ -n "$pid" ] && cpu=$(( $(cpu_ticks "$pid") - c0 ))
+        python3 - "$f" "$rate" "$rep" "$path" "$cpu" <<'PY' | tee -a "$paced" >&2
+import json, sys
+m = json.load(open(sys.argv[1]))
+print(json.dumps({"rate": float(sys.argv[2]), "rep": int(sys.argv[3]), "path": sys.argv[4], "cpu_ticks": int(sys.argv[5]),
+                  "ttft50": m["ttft"]["median_ms"], "ttft99": m["ttft"]["p99_ms"],
+                  "itl50": m["itl"]["median_ms"], "itl99": m["itl"]["p99_ms"],
+                  "tokens": m["total_output_tokens"], "completed": m["completed"], "failed": m["failed"]}))
+PY
+        rm -f "$f"
+      done
+    done
+  done
+  python3 - "$paced" "$REV_A" "${REV_B:-working tree}" "$(getconf CLK_TCK)" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+a, b, hz = sys.argv[2], sys.argv[3], int(sys.argv[4])
+sys.path.insert(0, "scripts/bench")
+from pairs import sign_p
+print(f"\n| realistic pacing (sim: TTFT 50 ms, TPOT 10 ms, 64 tokens) | rate (streams/s) | added TTFT p50 / p99 | added ITL p50 / p99 | CPU per streamed token | failed |")
+print("|---|---|---|---|---|---|")
+for rate in sorted({r["rate"] for r in rows}):
+    by = lambda p: {r["rep"]: r for r in rows if r["rate"] == rate and r["path"] == p}
+    direct = by("direct")
+    for p, label in (("a", f"A ({a})"), ("b", f"B ({b})"), ("nginx", "nginx")):
+        runs = by(p)
+        # Added over direct within the same repetition, then the median over repetitions.
+        add = lambda k: statistics.median((runs[i][k] - direct[i][k]) * 1000 for i in runs if i in direct)
+        cpu = statistics.median(r["cpu_ticks"] / hz / max(r["tokens"], 1) * 1e6 for r in runs.values())
+        failed = sum(r["failed"] for r in runs.values())
+        print(f"| {label} | {rate:.0f} | {add('ttft50'):.0f} µs / {add('ttft99'):.0f} µs | {add('itl50'):.0f} µs / {add('itl99'):.0f} µs | {cpu:.1f} µs | {failed} |")
+    ra, rb = by("a"), by("b")
+    pairs = [i for i in ra if i in rb]
+    lower = sum(rb[i]["ttft99"] < ra[i]["ttft99"] for i in pairs)
+    lower_itl = sum(rb[i]["itl99"] < ra[i]["itl99"] for i in pairs)
+    print(f"| B lower than A, p99 TTFT / ITL (sign test p) | {rate:.0f} | {lower}/{len(pairs)} ({sign_p(lower, len(pairs)):.2g}) | {lower_itl}/{len(pairs)} ({sign_p(lower_itl, len(pairs)):.2g}) | | |")
+PY
+fi
 
 [ "${CHUNK_ROUNDS:-3}" -gt 0 ] || exit 0
 # Per-chunk latency on the wire: rounds alternate A, B, nginx and socat (a byte relay: the

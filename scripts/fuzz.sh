@@ -19,7 +19,7 @@ export CARGO_TARGET_DIR="${GOODPUT_FUZZ_TARGET_DIR:-$CACHE/fuzz-target}"
 # codegen units let both cores compile the goodput crate.
 FLAGS=(--release --sanitizer none --codegen-units 16)
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(sse_reader usage_strip openai_parsers config http1_body http1_request)
+[ ${#targets[@]} -gt 0 ] || targets=(sse_reader usage_strip openai_parsers config)
 for t in "${targets[@]}"; do
   cargo +nightly fuzz build "${FLAGS[@]}" "$t"
 done

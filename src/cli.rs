@@ -244,8 +244,14 @@ impl SimArgs {
 /// Start the proxy and admin listeners; runs until SIGTERM/SIGINT, then drains.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let metrics = Metrics::new();
+    // Simulated backends (the demo's) run in this process; started before the config that
+    // names them is resolved.
+    let sims = std::sync::Arc::new(crate::sim::Sims::default());
+    crate::config::reload::start_sims(args.config.as_ref(), args.upstream.as_deref(), &sims)
+        .await
+        .map_err(|e| format!("invalid config:\n{e}"))?;
     let handle =
-        ConfigHandle::start(args.config.clone(), args.upstream.clone(), metrics.config_reloads.clone())
+        ConfigHandle::start(args.config.clone(), args.upstream.clone(), metrics.config_reloads.clone(), sims)
             .await
             .map_err(|e| format!("invalid config:\n{e}"))?;
     let cfg = handle.load().config.clone();
@@ -287,10 +293,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         _ => None,
     };
     // One upstream connector (TLS roots loaded once) for user and shadow requests.
-    let connector = crate::proxy::tls::connector(
-        &cfg.upstream_tls.ca_files,
-        Duration::from_millis(cfg.timeouts.connect_ms),
-    )?;
+    let connector =
+        crate::tls::connector(&cfg.upstream_tls.ca_files, Duration::from_millis(cfg.timeouts.connect_ms))?;
     let checker = cfg.quality.consistency.clone().map(|c| {
         crate::quality::consistency::Checker::start(
             c,
@@ -314,7 +318,11 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let recorder = Recorder::start(handle.clone(), metrics.clone(), quality);
     let proxy = Proxy::new(handle.clone(), recorder, metrics, sampling, connector);
     proxy.spawn_readiness_probe();
-    crate::route::prom::spawn_refresher(handle.clone(), proxy.clone());
+    crate::route::prom::spawn_refresher(
+        handle.clone(),
+        proxy.router.clone(),
+        proxy.metrics.route_stats_reads.clone(),
+    );
     spawn_reloader(handle.clone());
     let token: Option<std::sync::Arc<str>> =
         args.admin_token.clone().or(cfg.admin_token.clone()).filter(|t| !t.is_empty()).map(Into::into);
@@ -478,6 +486,9 @@ pub async fn bench(args: BenchArgs) -> Result<(), String> {
 pub fn check_config(file: &std::path::Path) -> Result<(), String> {
     match crate::config::Config::load(file) {
         Ok(c) => {
+            for w in c.warnings() {
+                eprintln!("{}: warning: {w}", file.display());
+            }
             println!("{}: ok ({} backend(s))", file.display(), c.backends.len());
             Ok(())
         }

@@ -13,3 +13,4 @@ pub mod proxy;
 pub mod quality;
 pub mod route;
 pub mod sim;
+pub mod tls;

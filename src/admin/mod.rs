@@ -226,7 +226,7 @@ const REASONS: &[&str] = &[
 /// time (degrade it, recover it). The admin listener is loopback-only by default.
 async fn sim_patch(proxy: &Proxy, name: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
     use http_body_util::BodyExt;
-    let Some(sim) = proxy.config.sim(name).await else {
+    let Some(sim) = proxy.config.sim(name) else {
         return respond(
             StatusCode::NOT_FOUND,
             "text/plain",

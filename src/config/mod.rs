@@ -44,41 +44,27 @@ pub struct Config {
     pub quality: QualityConfig,
     /// TLS to `https://` backends. Read at start-up only.
     pub upstream_tls: UpstreamTls,
-    pub upstream: UpstreamClient,
-    pub server: ServerLoop,
+    /// Retired: ignored with a warning.
+    #[serde(skip_serializing_if = "Retired::is_unset")]
+    pub upstream: Retired,
+    /// Retired: ignored with a warning.
+    #[serde(skip_serializing_if = "Retired::is_unset")]
+    pub server: Retired,
 }
 
-/// How client connections are served.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
+/// A section whose keys goodput no longer reads (`server.direct`, `upstream.direct`: goodput's
+/// own HTTP/1.1 server loop and client are gone, hyper serves and forwards everything). An old
+/// config still loads; `Config::warnings` names what it sets.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
-pub struct ServerLoop {
-    /// HTTP/1.1 chat and completions requests with a Content-Length body are served by
-    /// goodput's own loop (`proxy/front.rs`); any other request hands its connection to hyper's
-    /// server, which serves it from then on. false: hyper serves every connection. Read when a
-    /// connection is accepted.
-    pub direct: bool,
+pub struct Retired {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct: Option<bool>,
 }
 
-impl Default for ServerLoop {
-    fn default() -> Self {
-        ServerLoop { direct: true }
-    }
-}
-
-/// How requests reach the backends.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields, default)]
-pub struct UpstreamClient {
-    /// Metered requests (chat and completions) to `http://` backends go over goodput's own
-    /// HTTP/1.1 connections, read in the client connection's task: one write to the client
-    /// per upstream read, as nginx does. false: every request uses the general pooled client
-    /// (hyper), which hands a stream over one chunk at a time.
-    pub direct: bool,
-}
-
-impl Default for UpstreamClient {
-    fn default() -> Self {
-        UpstreamClient { direct: true }
+impl Retired {
+    fn is_unset(&self) -> bool {
+        self.direct.is_none()
     }
 }
 
@@ -107,8 +93,8 @@ impl Default for Config {
             routing: RoutingConfig::default(),
             quality: QualityConfig::default(),
             upstream_tls: UpstreamTls::default(),
-            upstream: UpstreamClient::default(),
-            server: ServerLoop::default(),
+            upstream: Retired::default(),
+            server: Retired::default(),
         }
     }
 }
@@ -296,6 +282,17 @@ impl Config {
         .into_iter()
         .filter_map(|(name, changed)| changed.then_some(name))
         .collect()
+    }
+
+    /// What a valid config sets that has no effect, one sentence each.
+    pub fn warnings(&self) -> Vec<String> {
+        [("server.direct", self.server), ("upstream.direct", self.upstream)]
+            .into_iter()
+            .filter(|(_, r)| !r.is_unset())
+            .map(|(key, _)| {
+                format!("`{key}` is no longer read and is ignored: hyper serves every connection and sends every upstream request; remove the key")
+            })
+            .collect()
     }
 
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
@@ -556,6 +553,23 @@ mod tests {
         .unwrap();
         let r = serde_json::to_string(&c.redacted()).unwrap();
         assert!(!r.contains("sk-123") && !r.contains("pw@"), "{r}");
+    }
+
+    #[test]
+    fn retired_keys_load_with_a_warning() {
+        let base = "backends:\n  - name: a\n    url: http://127.0.0.1:8000\n";
+        let old =
+            Config::from_yaml(&format!("{base}server: {{direct: false}}\nupstream: {{direct: true}}\n"))
+                .expect("an old config still loads");
+        let w = old.warnings();
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("`server.direct`") && w[1].contains("`upstream.direct`"), "{w:?}");
+        assert!(Config::from_yaml(base).unwrap().warnings().is_empty());
+        // Written back (/admin/config), a retired key is not shown when unset.
+        let yaml = serde_yaml_ng::to_string(&Config::from_yaml(base).unwrap()).unwrap();
+        assert!(!yaml.contains("direct"), "{yaml}");
+        // Anything else in the retired sections is still an error.
+        assert!(Config::from_yaml(&format!("{base}server: {{workers: 2}}\n")).is_err());
     }
 
     #[test]

@@ -4,7 +4,6 @@
 use arc_swap::ArcSwap;
 use http::HeaderMap;
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -12,7 +11,7 @@ use tokenizers::Tokenizer;
 
 use super::{Config, ConfigError, ConfigErrors};
 use crate::route::{BackendState, Class, Objective, Policy, Reason};
-use crate::sim::Sim;
+use crate::sim::{Sim, Sims};
 
 /// A backend as the hot path needs it: parsed once per config load, not per request.
 pub struct ResolvedBackend {
@@ -21,9 +20,10 @@ pub struct ResolvedBackend {
     pub origin: String,
     /// Path prefix of the backend URL, without a trailing slash (usually empty).
     pub base_path: String,
-    /// The authority of an `http://` backend (host[:port]): the direct path's pool key, the
-    /// address it connects to (port 80 when none is given) and its Host header.
-    pub authority: Option<Arc<str>>,
+    /// The URL's scheme and authority, parsed once: upstream URIs are built from these parts
+    /// and the request's own path, never by joining strings.
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
     models: HashMap<String, Arc<str>>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub headers: HeaderMap,
@@ -40,6 +40,27 @@ pub struct ResolvedBackend {
 }
 
 impl ResolvedBackend {
+    /// The upstream URI of a request: this backend's scheme, authority and base path, then the
+    /// client's path and query. Only origin-form targets (`/...`) are accepted, so that no
+    /// client target can change where the request goes.
+    pub fn uri(&self, target: &http::uri::PathAndQuery) -> Result<http::Uri, String> {
+        if !target.as_str().starts_with('/') {
+            return Err(format!("request target {target} is not origin-form"));
+        }
+        let pq = if self.base_path.is_empty() {
+            target.clone()
+        } else {
+            http::uri::PathAndQuery::try_from(format!("{}{target}", self.base_path))
+                .map_err(|e| e.to_string())?
+        };
+        http::Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(self.authority.clone())
+            .path_and_query(pq)
+            .build()
+            .map_err(|e| e.to_string())
+    }
+
     /// Bounded label value for a requested model name.
     pub fn serves(&self, model: &str) -> bool {
         self.models.contains_key(model)
@@ -169,7 +190,8 @@ pub struct ConfigHandle {
     path: Option<PathBuf>,
     upstream_override: Option<String>,
     last_text: std::sync::Mutex<String>,
-    sims: tokio::sync::Mutex<HashMap<String, (SocketAddr, Arc<Sim>)>>,
+    /// The simulated backends the command started (`sim::Sims`).
+    sims: Arc<Sims>,
     /// `goodput_config_reloads_total{result}`, owned by the metrics registry.
     reloads: prometheus::IntCounterVec,
     /// The config goodput started with: what its start-up-only settings still are.
@@ -178,11 +200,13 @@ pub struct ConfigHandle {
 
 impl ConfigHandle {
     /// Load, validate and resolve the first config. `upstream` (from --upstream) replaces the
-    /// first backend's URL, at start-up and on every reload.
+    /// first backend's URL, at start-up and on every reload. The config's simulated backends
+    /// must be running in `sims` (see `start_sims`).
     pub async fn start(
         path: Option<PathBuf>,
         upstream: Option<String>,
         reloads: prometheus::IntCounterVec,
+        sims: Arc<Sims>,
     ) -> Result<Arc<ConfigHandle>, ConfigErrors> {
         let (config, text) = read(path.as_ref(), upstream.as_deref())?;
         let handle = ConfigHandle {
@@ -190,7 +214,7 @@ impl ConfigHandle {
             path,
             upstream_override: upstream,
             last_text: std::sync::Mutex::new(text),
-            sims: tokio::sync::Mutex::new(HashMap::new()),
+            sims,
             reloads,
             startup: config.clone(),
         };
@@ -213,8 +237,8 @@ impl ConfigHandle {
     }
 
     /// The in-process simulator behind a backend, if it is one.
-    pub async fn sim(&self, backend: &str) -> Option<Arc<Sim>> {
-        self.sims.lock().await.get(backend).map(|(_, s)| s.clone())
+    pub fn sim(&self, backend: &str) -> Option<Arc<Sim>> {
+        self.sims.get(backend).map(|(_, s)| s)
     }
 
     /// Re-read the file; swap only if it is valid. Returns the result label counted in
@@ -230,7 +254,12 @@ impl ConfigHandle {
                 if unchanged {
                     "unchanged"
                 } else {
-                    match self.resolve(config).await {
+                    // A reload may add simulated backends: they start before it is resolved.
+                    let resolved = match start_config_sims(&config, &self.sims).await {
+                        Ok(()) => self.resolve(config).await,
+                        Err(e) => Err(e),
+                    };
+                    match resolved {
                         Ok(snap) => {
                             // Against the start-up config: what still differs from what runs.
                             let on_restart = self.startup.startup_only_changes(&snap.config);
@@ -270,39 +299,25 @@ impl ConfigHandle {
             let url = match (&b.url, &b.sim) {
                 (Some(u), _) => u.clone(),
                 (None, Some(sc)) => {
-                    let mut sims = self.sims.lock().await;
-                    let (addr, sim) = match sims.get(&b.name) {
-                        Some((addr, sim)) => {
-                            if *sim.config() != *sc {
-                                sim.set_config(sc.clone());
-                            }
-                            (*addr, sim.clone())
-                        }
-                        None => {
-                            let (addr, sim) = crate::sim::spawn(sc.clone(), "127.0.0.1:0")
-                                .await
-                                .map_err(|e| err(".sim", format!("cannot start the simulator: {e}")))?;
-                            tracing::info!(backend = %b.name, %addr, "in-process simulated backend started");
-                            sims.insert(b.name.clone(), (addr, sim.clone()));
-                            (addr, sim)
-                        }
-                    };
+                    // Started before resolution (`start_sims`); resolving may change its settings.
+                    let (addr, sim) = self
+                        .sims
+                        .get(&b.name)
+                        .ok_or_else(|| err(".sim", "the simulated backend was not started".into()))?;
+                    if *sim.config() != *sc {
+                        sim.set_config(sc.clone());
+                    }
                     sim_handle = Some(sim);
                     format!("http://{addr}")
                 }
                 (None, None) => return Err(err("", "set `url` or `sim`".into())),
             };
             let uri: http::Uri = url.parse().map_err(|e| err(".url", format!("{e}")))?;
-            let origin = format!(
-                "{}://{}",
-                uri.scheme_str().unwrap_or("http"),
-                uri.authority().map(|a| a.as_str()).unwrap_or_default()
-            );
+            let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+            let authority =
+                uri.authority().cloned().ok_or_else(|| err(".url", "the URL has no host".into()))?;
+            let origin = format!("{scheme}://{authority}");
             let base_path = uri.path().trim_end_matches('/').to_string();
-            let authority = match (uri.scheme_str(), uri.authority()) {
-                (Some("http") | None, Some(a)) => Some(Arc::from(a.as_str())),
-                _ => None,
-            };
             let tokenizer = match &b.tokenizer {
                 None => None,
                 Some(p) => {
@@ -344,6 +359,7 @@ impl ConfigHandle {
                 name: Arc::from(b.name.as_str()),
                 origin,
                 base_path,
+                scheme,
                 authority,
                 models,
                 tokenizer,
@@ -358,6 +374,33 @@ impl ConfigHandle {
         }
         Ok(Snapshot::new(config, backends))
     }
+}
+
+/// Start the simulated backends the config at `path` names (with `--upstream`, the first
+/// backend is the upstream and not simulated): the command does this before
+/// `ConfigHandle::start`, so that resolving a config never starts a server.
+pub async fn start_sims(
+    path: Option<&PathBuf>,
+    upstream: Option<&str>,
+    sims: &Sims,
+) -> Result<(), ConfigErrors> {
+    let (config, _) = read(path, upstream)?;
+    start_config_sims(&config, sims).await
+}
+
+/// Start any simulated backend of `config` that is not running yet.
+async fn start_config_sims(config: &Config, sims: &Sims) -> Result<(), ConfigErrors> {
+    for (i, b) in config.backends.iter().enumerate() {
+        if let (None, Some(sc)) = (&b.url, &b.sim) {
+            sims.start(&b.name, sc.clone()).await.map_err(|e| {
+                ConfigErrors(vec![ConfigError {
+                    path: format!("backends[{i}].sim"),
+                    message: format!("cannot start the simulator: {e}"),
+                }])
+            })?;
+        }
+    }
+    Ok(())
 }
 
 fn read(path: Option<&PathBuf>, upstream: Option<&str>) -> Result<(Config, String), ConfigErrors> {
@@ -395,6 +438,9 @@ fn read(path: Option<&PathBuf>, upstream: Option<&str>) -> Result<(Config, Strin
         }
     }
     config.validate()?;
+    for w in config.warnings() {
+        tracing::warn!("config: {w}");
+    }
     Ok((config, text))
 }
 

@@ -2,21 +2,39 @@
 //! `vllm bench serve --goodput` define it).
 
 use serde::Serialize;
+use std::time::Duration;
 
 use crate::config::Slo;
-use crate::meter::record::{Outcome, RequestRecord};
-use crate::meter::window::WindowSnapshot;
+
+/// How a request ended, as far as its SLOs are concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    Answered,
+    /// Any error: it misses every SLO.
+    Failed,
+    /// The client left: neither met nor missed.
+    Cancelled,
+}
+
+/// What the SLO judgement reads of one request (`RequestRecord::latencies`).
+#[derive(Debug, Clone, Copy)]
+pub struct Latencies {
+    pub ending: Ending,
+    /// Streams only.
+    pub ttft: Option<Duration>,
+    pub tpot: Option<Duration>,
+    pub e2e: Duration,
+}
 
 /// Whether `r` met every SLO in `slo`. `None`: not judged (the client cancelled, so the
 /// backend neither met nor missed anything). Errors always miss. A non-streaming response's
 /// first token reaches the client with the whole body, so its TTFT is its e2e latency; TPOT
 /// is only judged where it was measured (streams).
-pub fn judge(r: &RequestRecord, slo: &Slo) -> Option<bool> {
-    if r.outcome == Outcome::Cancelled {
-        return None;
-    }
-    if r.outcome != Outcome::Ok {
-        return Some(false);
+pub fn judge(r: &Latencies, slo: &Slo) -> Option<bool> {
+    match r.ending {
+        Ending::Cancelled => return None,
+        Ending::Failed => return Some(false),
+        Ending::Answered => {}
     }
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
     let ttft = r.ttft.unwrap_or(r.e2e);
@@ -54,15 +72,31 @@ pub struct Goodput {
     pub tput_per_ppl_price: Option<f64>,
 }
 
+/// What a window measured that goodput is computed from (`WindowSnapshot::rates`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rates {
+    /// All output tokens/s.
+    pub output_tokens_per_sec: f64,
+    /// Requests/s and output tokens/s that met every latency SLO.
+    pub goodput_requests_per_sec: f64,
+    pub goodput_tokens_per_sec: f64,
+    /// Input and output tokens over the window, and what they cost.
+    pub tokens: u64,
+    pub cost: f64,
+    /// Quality judgements over the quality window, and how many passed the floors.
+    pub judged: u64,
+    pub passed: u64,
+    pub perplexity_geomean: Option<f64>,
+    pub hallucination_rate: Option<f64>,
+}
+
 /// The goodput figures of a window (latency counts, quality judgements, cost).
-pub fn summarize(w: &WindowSnapshot) -> Goodput {
-    let q = &w.quality;
+pub fn summarize(w: &Rates) -> Goodput {
     let tps = w.output_tokens_per_sec;
-    let pass = (q.judged > 0).then(|| q.passed as f64 / q.judged as f64);
-    let interval = wilson(q.passed, q.judged, 1.96);
-    let tokens = w.counts.input_tokens + w.counts.output_tokens;
-    let price = (tokens > 0 && w.counts.cost > 0.0).then(|| w.counts.cost / tokens as f64 * 1e6);
-    let ppl = q.perplexity_geomean;
+    let pass = (w.judged > 0).then(|| w.passed as f64 / w.judged as f64);
+    let interval = wilson(w.passed, w.judged, 1.96);
+    let price = (w.tokens > 0 && w.cost > 0.0).then(|| w.cost / w.tokens as f64 * 1e6);
+    let ppl = w.perplexity_geomean;
     Goodput {
         tokens_per_sec: tps,
         latency_requests_per_sec: w.goodput_requests_per_sec,
@@ -74,7 +108,7 @@ pub fn summarize(w: &WindowSnapshot) -> Goodput {
         quality_tokens_per_sec_interval: interval
             .map(|(lo, hi)| (lo * w.goodput_tokens_per_sec, hi * w.goodput_tokens_per_sec)),
         price_per_1m_tokens: price,
-        effective_tps: q.hallucination_rate.map(|h| tps * (1.0 - h)),
+        effective_tps: w.hallucination_rate.map(|h| tps * (1.0 - h)),
         tput_per_ppl: ppl.map(|p| tps / p),
         tput_per_ppl_price: ppl.zip(price).map(|(p, c)| tps / (p * c)),
     }
@@ -111,7 +145,7 @@ mod tests {
     }
     #[test]
     fn goodput_summary() {
-        let mut w = WindowSnapshot {
+        let mut w = Rates {
             output_tokens_per_sec: 100.0,
             goodput_requests_per_sec: 2.0,
             goodput_tokens_per_sec: 80.0,
@@ -119,13 +153,12 @@ mod tests {
         };
         let g = summarize(&w);
         assert_eq!((g.latency_tokens_per_sec, g.quality_tokens_per_sec), (80.0, None), "no judgement yet");
-        w.counts.input_tokens = 1_000_000;
-        w.counts.output_tokens = 1_000_000;
-        w.counts.cost = 4.0;
-        w.quality.judged = 10;
-        w.quality.passed = 8;
-        w.quality.perplexity_geomean = Some(5.0);
-        w.quality.hallucination_rate = Some(0.25);
+        w.tokens = 2_000_000;
+        w.cost = 4.0;
+        w.judged = 10;
+        w.passed = 8;
+        w.perplexity_geomean = Some(5.0);
+        w.hallucination_rate = Some(0.25);
         let g = summarize(&w);
         assert_eq!(g.quality_pass_rate, Some(0.8));
         assert_eq!(g.quality_tokens_per_sec, Some(64.0));
@@ -137,44 +170,12 @@ mod tests {
         assert_eq!(g.tput_per_ppl_price, Some(10.0));
     }
 
-    use crate::meter::record::TokenSource;
-    use crate::openai::Operation;
-    use std::time::Duration;
-
-    fn rec(outcome: Outcome, ttft: Option<u64>, tpot: Option<u64>, e2e: u64) -> RequestRecord {
-        RequestRecord {
-            id: 1,
-            start_unix_ms: 0,
-            backend: "b".into(),
-            route: "r".into(),
-            class: "c".into(),
-            slo: None,
-            model: "m".into(),
-            operation: Operation::Chat,
-            stream: ttft.is_some(),
-            n: 1,
-            status: 200,
-            outcome,
-            finish_reason: None,
+    fn rec(ending: Ending, ttft: Option<u64>, tpot: Option<u64>, e2e: u64) -> Latencies {
+        Latencies {
+            ending,
             ttft: ttft.map(Duration::from_millis),
             tpot: tpot.map(Duration::from_millis),
-            itl_mean: None,
             e2e: Duration::from_millis(e2e),
-            prompt_tokens: None,
-            prompt_source: TokenSource::None,
-            completion_tokens: None,
-            completion_source: TokenSource::None,
-            content_chunks: 0,
-            overhead: Duration::ZERO,
-            slo_met: None,
-            perplexity: None,
-            bits_per_byte: None,
-            texts: None,
-            hallucination_score: None,
-            sentence_scores: None,
-            score_request: None,
-            sample_perplexity: false,
-            sample_consistency: false,
         }
     }
 
@@ -182,23 +183,23 @@ mod tests {
 
     #[test]
     fn every_slo_must_hold() {
-        assert_eq!(judge(&rec(Outcome::Ok, Some(100), Some(20), 1000), &SLO), Some(true));
-        assert_eq!(judge(&rec(Outcome::Ok, Some(101), Some(20), 900), &SLO), Some(false));
-        assert_eq!(judge(&rec(Outcome::Ok, Some(50), Some(21), 900), &SLO), Some(false));
-        assert_eq!(judge(&rec(Outcome::Ok, Some(50), Some(10), 1001), &SLO), Some(false));
+        assert_eq!(judge(&rec(Ending::Answered, Some(100), Some(20), 1000), &SLO), Some(true));
+        assert_eq!(judge(&rec(Ending::Answered, Some(101), Some(20), 900), &SLO), Some(false));
+        assert_eq!(judge(&rec(Ending::Answered, Some(50), Some(21), 900), &SLO), Some(false));
+        assert_eq!(judge(&rec(Ending::Answered, Some(50), Some(10), 1001), &SLO), Some(false));
     }
 
     #[test]
     fn errors_miss_and_cancellations_are_not_judged() {
-        assert_eq!(judge(&rec(Outcome::UpstreamReset, Some(1), Some(1), 2), &SLO), Some(false));
-        assert_eq!(judge(&rec(Outcome::Timeout, None, None, 2), &SLO), Some(false));
-        assert_eq!(judge(&rec(Outcome::Cancelled, Some(1), None, 2), &SLO), None);
+        assert_eq!(judge(&rec(Ending::Failed, Some(1), Some(1), 2), &SLO), Some(false));
+        assert_eq!(judge(&rec(Ending::Failed, None, None, 2), &SLO), Some(false));
+        assert_eq!(judge(&rec(Ending::Cancelled, Some(1), None, 2), &SLO), None);
     }
 
     #[test]
     fn non_streaming_ttft_is_e2e() {
-        assert_eq!(judge(&rec(Outcome::Ok, None, None, 150), &SLO), Some(false));
-        assert_eq!(judge(&rec(Outcome::Ok, None, None, 90), &SLO), Some(true));
-        assert_eq!(judge(&rec(Outcome::Ok, None, None, 150), &Slo::default()), Some(true));
+        assert_eq!(judge(&rec(Ending::Answered, None, None, 150), &SLO), Some(false));
+        assert_eq!(judge(&rec(Ending::Answered, None, None, 90), &SLO), Some(true));
+        assert_eq!(judge(&rec(Ending::Answered, None, None, 150), &Slo::default()), Some(true));
     }
 }

@@ -83,7 +83,6 @@ pub struct Metrics {
     pub window_index: GaugeVec,
     /// Client connections open now (limits.max_connections bounds it).
     pub client_connections: prometheus::IntGauge,
-    pub handoffs: IntCounterVec,
     /// Requests or connections the proxy refused on a limit, by reason.
     pub rejected: IntCounterVec,
     /// Read from the process and the runtime at each scrape (the soak test watches them).
@@ -440,12 +439,6 @@ impl Metrics {
                 &reg,
                 "goodput_client_connections",
                 "Client connections open now on the proxy listener (limits.max_connections bounds it).",
-            ),
-            handoffs: counter(
-                &reg,
-                "goodput_server_handoffs_total",
-                "Client connections that goodput's own HTTP/1.1 loop handed to hyper's server, by the request that made it: h2c, not_http11, not_metered (another method or path), framing (chunked, Expect, Upgrade, several Content-Lengths), too_large (head or body over its limit), invalid (a head hyper answers with 400).",
-                &["reason"],
             ),
             rejected: counter(
                 &reg,

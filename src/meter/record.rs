@@ -7,9 +7,10 @@ use std::time::Duration;
 use crate::openai::Operation;
 
 /// How a metered request ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
+    #[default]
     Ok,
     /// The upstream answered 4xx.
     ClientError,
@@ -79,7 +80,7 @@ impl TokenSource {
     }
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct RequestRecord {
     pub id: u64,
     /// Wall-clock start, milliseconds since the Unix epoch.
@@ -123,21 +124,23 @@ pub struct RequestRecord {
     /// Perplexity and bits per byte under the reference LM, once a sampled response is scored.
     pub perplexity: Option<f64>,
     pub bits_per_byte: Option<f64>,
-    /// Generated text per choice, kept only until tokens are counted and the response is handed
-    /// to the scorer; never serialised.
-    #[serde(skip)]
-    pub texts: Option<Vec<String>>,
     /// Consistency check (SelfCheckGPT), once done: the hallucination score in [0, 1] and the
     /// score of each response sentence (numbers only).
     pub hallucination_score: Option<f64>,
     pub sentence_scores: Option<Vec<f64>>,
-    /// Sampled for scoring: the request body, held until the scorers take it; never serialised.
-    #[serde(skip)]
-    pub score_request: Option<bytes::Bytes>,
-    #[serde(skip)]
-    pub sample_perplexity: bool,
-    #[serde(skip)]
-    pub sample_consistency: bool,
+}
+
+/// The user data that rides along with a record to the recorder, apart from the record's
+/// numbers: the generated text (for the tokenizer count and the scorers) and, for a sampled
+/// request, its body. Held in memory only until it is counted and handed to the scorers.
+#[derive(Debug, Default)]
+pub struct Payload {
+    /// Generated text per choice.
+    pub texts: Option<Vec<String>>,
+    /// Sampled for scoring: the request body as the client sent it.
+    pub request: Option<bytes::Bytes>,
+    pub perplexity: bool,
+    pub consistency: bool,
 }
 
 pub fn unix_ms() -> u64 {
@@ -164,48 +167,19 @@ fn ser_dur<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> 
 
 impl RequestRecord {
     /// A record at the start of a request; the proxy fills in the rest as it proceeds.
-    pub fn start(
-        id: u64,
-        backend: Arc<str>,
-        route: Arc<str>,
-        class: Arc<str>,
-        model: Arc<str>,
-        operation: Operation,
-    ) -> Self {
-        RequestRecord {
-            id,
-            start_unix_ms: unix_ms(),
-            backend,
-            route,
-            class,
-            slo: None,
-            model,
-            operation,
-            stream: false,
-            n: 1,
-            status: 0,
-            outcome: Outcome::Ok,
-            finish_reason: None,
-            ttft: None,
-            tpot: None,
-            itl_mean: None,
-            e2e: Duration::ZERO,
-            prompt_tokens: None,
-            prompt_source: TokenSource::None,
-            completion_tokens: None,
-            completion_source: TokenSource::None,
-            content_chunks: 0,
-            overhead: Duration::ZERO,
-            slo_met: None,
-            perplexity: None,
-            bits_per_byte: None,
-            texts: None,
-            hallucination_score: None,
-            sentence_scores: None,
-            score_request: None,
-            sample_perplexity: false,
-            sample_consistency: false,
-        }
+    pub fn start(id: u64, operation: Operation) -> Self {
+        RequestRecord { id, start_unix_ms: unix_ms(), operation, n: 1, ..Default::default() }
+    }
+
+    /// What the SLO judgement reads of this request.
+    pub fn latencies(&self) -> crate::goodput::Latencies {
+        use crate::goodput::Ending;
+        let ending = match self.outcome {
+            Outcome::Ok => Ending::Answered,
+            Outcome::Cancelled => Ending::Cancelled,
+            _ => Ending::Failed,
+        };
+        crate::goodput::Latencies { ending, ttft: self.ttft, tpot: self.tpot, e2e: self.e2e }
     }
 
     /// TPOT as `vllm bench serve` defines it: (e2e - TTFT) / (tokens per choice - 1).

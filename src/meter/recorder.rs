@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::metrics::Metrics;
-use super::record::{Outcome, RequestRecord, TokenSource};
+use super::record::{Outcome, Payload, RequestRecord, TokenSource};
 use super::window::{QualityWindow, Window, WindowSnapshot};
 use crate::config::ConfigHandle;
 use crate::quality::consistency::{Checker, ConsistencyJob};
@@ -59,7 +59,7 @@ impl Shared {
 /// (a `Metrics` clone is ~60 atomic increments and as many decrements per request).
 #[derive(Clone)]
 pub struct Recorder {
-    tx: SyncSender<RequestRecord>,
+    tx: SyncSender<(RequestRecord, Payload)>,
     metrics: Arc<Metrics>,
     pub shared: Arc<Shared>,
 }
@@ -111,8 +111,8 @@ impl Recorder {
     }
 
     /// Hand a finished record over; never blocks.
-    pub fn submit(&self, r: RequestRecord) {
-        match self.tx.try_send(r) {
+    pub fn submit(&self, r: RequestRecord, payload: Payload) {
+        match self.tx.try_send((r, payload)) {
             Ok(()) => {
                 self.shared.submitted.fetch_add(1, std::sync::atomic::Ordering::Release);
             }
@@ -129,7 +129,7 @@ struct BackendWindows {
 }
 
 fn run(
-    rx: Receiver<RequestRecord>,
+    rx: Receiver<(RequestRecord, Payload)>,
     config: Arc<ConfigHandle>,
     metrics: Metrics,
     shared: Arc<Shared>,
@@ -174,13 +174,13 @@ fn run(
                 None => rx.try_recv(),
             };
             match next {
-                Ok(mut r) => {
+                Ok((mut r, mut payload)) => {
                     got_any = true;
                     let snap = config.load_full();
-                    let texts = finalize(&mut r, &snap);
+                    finalize(&mut r, &payload, &snap);
                     observe(&metrics, &r);
                     if let Some(q) = &quality {
-                        hand_over(q, &mut r, texts);
+                        hand_over(q, &r, &mut payload);
                     }
                     let cost = snap.backend(&r.backend).map_or(0.0, |b| {
                         b.price.of(r.prompt_tokens.unwrap_or(0), r.completion_tokens.unwrap_or(0))
@@ -258,7 +258,7 @@ fn run(
                         .map(|(k, w)| {
                             let mut s = w.latency.snapshot(now);
                             s.quality = w.quality.snapshot(now);
-                            s.goodput = crate::goodput::summarize(&s);
+                            s.goodput = crate::goodput::summarize(&s.rates());
                             export_goodput(&metrics, scope, k, &s.goodput);
                             (k.clone(), s)
                         })
@@ -313,17 +313,17 @@ fn export_goodput(m: &Metrics, scope: &str, name: &str, g: &crate::goodput::Good
 
 /// Give a finished, sampled request's text to the scorers (both may take it); count every
 /// request's tokens toward the shadow budget.
-fn hand_over(q: &QualityLink, r: &mut RequestRecord, texts: Option<Vec<String>>) {
+fn hand_over(q: &QualityLink, r: &RequestRecord, payload: &mut Payload) {
     let tokens = r.prompt_tokens.unwrap_or(0) + r.completion_tokens.unwrap_or(0);
     if let Some(c) = &q.checker {
         c.note_user_tokens(tokens);
     }
-    let Some(request) = r.score_request.take() else { return };
+    let Some(request) = payload.request.take() else { return };
     if r.outcome != Outcome::Ok {
         return;
     }
-    let Some(response) = texts.and_then(|t| t.into_iter().next()) else { return };
-    if r.sample_consistency
+    let Some(response) = payload.texts.take().and_then(|t| t.into_iter().next()) else { return };
+    if payload.consistency
         && let Some(c) = &q.checker
     {
         c.offer(ConsistencyJob {
@@ -335,20 +335,20 @@ fn hand_over(q: &QualityLink, r: &mut RequestRecord, texts: Option<Vec<String>>)
             completion_tokens: r.completion_tokens.unwrap_or(0),
         });
     }
-    if r.sample_perplexity
+    if payload.perplexity
         && let Some(s) = &q.scorer
     {
         s.offer(ScoreJob { of: Subject::of(r), operation: r.operation, request, response });
     }
 }
 
-/// Settle token counts (tokenizer fallback), TPOT and the SLO verdict. Returns the text, which
-/// leaves the record here: only the scorer may still need it.
-fn finalize(r: &mut RequestRecord, snap: &crate::config::reload::Snapshot) -> Option<Vec<String>> {
-    let texts = r.texts.take();
+/// Settle token counts (tokenizer fallback), TPOT and the SLO verdict.
+fn finalize(r: &mut RequestRecord, payload: &Payload, snap: &crate::config::reload::Snapshot) {
     if matches!(r.completion_source, TokenSource::Chunks | TokenSource::None)
-        && let (Some(texts), Some(tok)) =
-            (&texts, snap.backends.iter().find(|b| b.name == r.backend).and_then(|b| b.tokenizer.clone()))
+        && let (Some(texts), Some(tok)) = (
+            &payload.texts,
+            snap.backends.iter().find(|b| b.name == r.backend).and_then(|b| b.tokenizer.clone()),
+        )
     {
         let mut n = 0u64;
         for t in texts {
@@ -361,8 +361,7 @@ fn finalize(r: &mut RequestRecord, snap: &crate::config::reload::Snapshot) -> Op
         r.completion_source = TokenSource::Tokenizer;
     }
     r.compute_tpot();
-    r.slo_met = crate::goodput::judge(r, &r.slo.unwrap_or(snap.config.slo));
-    texts
+    r.slo_met = crate::goodput::judge(&r.latencies(), &r.slo.unwrap_or(snap.config.slo));
 }
 
 fn observe(m: &Metrics, r: &RequestRecord) {
@@ -448,10 +447,14 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 1)]
     async fn a_quiet_recorder_blocks_instead_of_polling_and_still_takes_records() {
         let metrics = Metrics::new();
-        let config =
-            ConfigHandle::start(None, Some("http://127.0.0.1:9".into()), metrics.config_reloads.clone())
-                .await
-                .expect("config");
+        let config = ConfigHandle::start(
+            None,
+            Some("http://127.0.0.1:9".into()),
+            metrics.config_reloads.clone(),
+            Default::default(),
+        )
+        .await
+        .expect("config");
         let recorder = Recorder::start(config, metrics, None);
         // Past PARK_AFTER with nothing to do: the loop runs for publishes only (4 a second),
         // where polling every DRAIN_EVERY would be ~20.
@@ -462,9 +465,8 @@ mod tests {
         assert!(rounds <= 8, "an idle recorder woke {rounds} times in a second");
         assert!(rounds >= 2, "the windows must still be published while idle ({rounds} rounds)");
         // A record that arrives while it is blocked is taken.
-        let r =
-            RequestRecord::start(1, "default".into(), "r".into(), "c".into(), "m".into(), Operation::Chat);
-        recorder.submit(r);
+        let r = RequestRecord { backend: "default".into(), ..RequestRecord::start(1, Operation::Chat) };
+        recorder.submit(r, Payload::default());
         assert!(recorder.flush(Duration::from_secs(5)).await, "the record was not processed");
         assert_eq!(recorder.shared.processed(), 1);
     }

@@ -148,6 +148,23 @@ pub struct WindowSnapshot {
     pub goodput: crate::goodput::Goodput,
 }
 
+impl WindowSnapshot {
+    /// What goodput is computed from.
+    pub fn rates(&self) -> crate::goodput::Rates {
+        crate::goodput::Rates {
+            output_tokens_per_sec: self.output_tokens_per_sec,
+            goodput_requests_per_sec: self.goodput_requests_per_sec,
+            goodput_tokens_per_sec: self.goodput_tokens_per_sec,
+            tokens: self.counts.input_tokens + self.counts.output_tokens,
+            cost: self.counts.cost,
+            judged: self.quality.judged,
+            passed: self.quality.passed,
+            perplexity_geomean: self.quality.perplexity_geomean,
+            hallucination_rate: self.quality.hallucination_rate,
+        }
+    }
+}
+
 impl Window {
     pub fn new(window_secs: u64) -> Window {
         let n = window_secs.clamp(1, 3600) as usize;
@@ -441,38 +458,18 @@ mod tests {
 
     fn rec(ttft_ms: u64, ok: bool, met: bool) -> RequestRecord {
         RequestRecord {
-            id: 0,
-            start_unix_ms: 0,
-            backend: "b".into(),
-            route: "r".into(),
-            class: "c".into(),
-            slo: None,
-            model: "m".into(),
-            operation: Operation::Chat,
             stream: true,
-            n: 1,
             status: 200,
             outcome: if ok { Outcome::Ok } else { Outcome::UpstreamError },
-            finish_reason: None,
             ttft: Some(Duration::from_millis(ttft_ms)),
-            tpot: None,
-            itl_mean: None,
             e2e: Duration::from_millis(ttft_ms * 2),
             prompt_tokens: Some(1),
             prompt_source: TokenSource::Usage,
             completion_tokens: Some(10),
             completion_source: TokenSource::Usage,
             content_chunks: 10,
-            overhead: Duration::ZERO,
             slo_met: Some(met),
-            perplexity: None,
-            bits_per_byte: None,
-            texts: None,
-            hallucination_score: None,
-            sentence_scores: None,
-            score_request: None,
-            sample_perplexity: false,
-            sample_consistency: false,
+            ..RequestRecord::start(0, Operation::Chat)
         }
     }
 

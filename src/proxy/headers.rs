@@ -1,5 +1,5 @@
 //! Header hygiene for a reverse proxy (RFC 9110 §7.6.1): hop-by-hop headers stop here,
-//! X-Forwarded-For / X-Forwarded-Proto are added, everything else passes untouched.
+//! X-Forwarded-For is extended and X-Forwarded-Proto set, everything else passes untouched.
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use std::net::IpAddr;
@@ -41,19 +41,27 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
 static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
-/// Append the client address to X-Forwarded-For and set X-Forwarded-Proto if absent.
+/// Append the client address to X-Forwarded-For, after every address the client's lines
+/// carry (joined into one line, as RFC 9110 allows for a list), and set X-Forwarded-Proto to
+/// the scheme the client used with goodput: a client's own claim is not passed on.
 pub fn add_forwarded(h: &mut HeaderMap, client: Option<IpAddr>) {
     if let Some(ip) = client {
-        let xff = X_FORWARDED_FOR.clone();
-        let value = match h.get(&xff).and_then(|v| v.to_str().ok()) {
-            Some(prev) if !prev.trim().is_empty() => HeaderValue::from_str(&format!("{prev}, {ip}")).ok(),
-            _ => Some(ip_value(ip)),
+        let mut lines = h.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()).map(str::trim);
+        let value = match (lines.next(), lines.next()) {
+            (None, _) | (Some(""), None) => Some(ip_value(ip)),
+            (Some(one), None) => HeaderValue::from_str(&format!("{one}, {ip}")).ok(),
+            (Some(a), Some(b)) => {
+                let mut all = vec![a, b];
+                all.extend(lines);
+                all.retain(|l| !l.is_empty());
+                HeaderValue::from_str(&format!("{}, {ip}", all.join(", "))).ok()
+            }
         };
         if let Some(v) = value {
-            h.insert(xff, v);
+            h.insert(X_FORWARDED_FOR.clone(), v);
         }
     }
-    h.entry(X_FORWARDED_PROTO.clone()).or_insert(HeaderValue::from_static("http"));
+    h.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
 }
 
 /// An address as a header value; IPv4 without the formatting machinery (every request has one).
@@ -111,7 +119,14 @@ mod tests {
         h.insert("x-forwarded-proto", "https".parse().unwrap());
         add_forwarded(&mut h, Some("::1".parse().unwrap()));
         assert_eq!(h["x-forwarded-for"], "::1");
-        assert_eq!(h["x-forwarded-proto"], "https");
+        assert_eq!(h["x-forwarded-proto"], "http", "the client's claim is not passed on");
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", "10.0.0.1".parse().unwrap());
+        h.append("x-forwarded-for", " ".parse().unwrap());
+        h.append("x-forwarded-for", "10.0.0.2, 10.0.0.3".parse().unwrap());
+        add_forwarded(&mut h, Some("127.0.0.1".parse().unwrap()));
+        let all: Vec<_> = h.get_all("x-forwarded-for").iter().collect();
+        assert_eq!(all, ["10.0.0.1, 10.0.0.2, 10.0.0.3, 127.0.0.1"]);
     }
 
     #[test]

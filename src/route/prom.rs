@@ -14,9 +14,9 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::Router;
 use super::decide::Stats;
 use crate::config::{ConfigHandle, StatsSource};
-use crate::proxy::Proxy;
 
 type HttpClient = Client<HttpConnector, Full<Bytes>>;
 
@@ -133,7 +133,8 @@ pub async fn read(
 /// Refresh the router's statistics from Prometheus while the config says so (reloads can turn
 /// it on and off). A failed read keeps the last good view for three refresh periods, then the
 /// router falls back to this process's own windows rather than deciding on stale numbers.
-pub fn spawn_refresher(config: Arc<ConfigHandle>, proxy: Arc<Proxy>) {
+/// `reads` is `goodput_route_stats_reads_total{result}`.
+pub fn spawn_refresher(config: Arc<ConfigHandle>, router: Arc<Router>, reads: prometheus::IntCounterVec) {
     tokio::spawn(async move {
         let client: HttpClient = Client::builder(TokioExecutor::new()).build(HttpConnector::new());
         let mut last_ok: Option<Instant> = None;
@@ -147,22 +148,22 @@ pub fn spawn_refresher(config: Arc<ConfigHandle>, proxy: Arc<Proxy>) {
                         read(&client, url, &s.range, snap.config.quality.window_secs, &s.selector).await;
                     let label = match result {
                         Ok(stats) => {
-                            proxy.router.set_remote_stats(Some(stats));
+                            router.set_remote_stats(Some(stats));
                             last_ok = Some(Instant::now());
                             "success"
                         }
                         Err(e) => {
                             tracing::warn!(error = %e, "reading router statistics from Prometheus failed");
                             if last_ok.is_none_or(|t| t.elapsed() > period * 3) {
-                                proxy.router.set_remote_stats(None);
+                                router.set_remote_stats(None);
                             }
                             "error"
                         }
                     };
-                    proxy.metrics.route_stats_reads.with_label_values(&[label]).inc();
+                    reads.with_label_values(&[label]).inc();
                 }
                 _ => {
-                    proxy.router.set_remote_stats(None);
+                    router.set_remote_stats(None);
                     last_ok = None;
                 }
             }

@@ -192,6 +192,31 @@ impl Sim {
     }
 }
 
+/// The simulated backends a `goodput serve` runs in-process, by backend name. The command
+/// starts them (`start`) before the config that names them is resolved; resolving a config,
+/// at start-up or on reload, only looks them up and may change their settings.
+#[derive(Default)]
+pub struct Sims {
+    running: std::sync::Mutex<std::collections::HashMap<String, (SocketAddr, Arc<Sim>)>>,
+}
+
+impl Sims {
+    /// Start the simulator for backend `name` on a loopback port, unless it runs already.
+    pub async fn start(&self, name: &str, cfg: SimConfig) -> std::io::Result<SocketAddr> {
+        if let Some((addr, _)) = self.get(name) {
+            return Ok(addr);
+        }
+        let (addr, sim) = spawn(cfg, "127.0.0.1:0").await?;
+        tracing::info!(backend = %name, %addr, "in-process simulated backend started");
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).insert(name.to_string(), (addr, sim));
+        Ok(addr)
+    }
+
+    pub fn get(&self, name: &str) -> Option<(SocketAddr, Arc<Sim>)> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
+    }
+}
+
 /// Bind `addr` and serve the simulator in the background. Returns the bound address.
 pub async fn spawn(cfg: SimConfig, addr: &str) -> std::io::Result<(SocketAddr, Arc<Sim>)> {
     let listener = TcpListener::bind(addr).await?;

@@ -404,20 +404,21 @@ pub fn head_of(buf: &[u8]) -> Option<(usize, u16, usize)> {
 
 /// Read one request (head and content-length body) off the socket.
 pub async fn read_request(s: &mut tokio::net::TcpStream) -> bool {
+    read_request_bytes(s).await.is_some()
+}
+
+/// One whole request (head and content-length body) read from `s`, or `None` at its end.
+pub async fn read_request_bytes(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
     let mut buf = Vec::new();
     let mut chunk = [0u8; 8192];
     loop {
-        if let Some((end, _, len)) = head_of(&buf) {
-            while buf.len() < end + 4 + len {
-                match tokio::io::AsyncReadExt::read(s, &mut chunk).await {
-                    Ok(0) | Err(_) => return false,
-                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
-                }
-            }
-            return true;
+        if let Some((end, _, len)) = head_of(&buf)
+            && buf.len() >= end + 4 + len
+        {
+            return Some(buf);
         }
         match tokio::io::AsyncReadExt::read(s, &mut chunk).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }

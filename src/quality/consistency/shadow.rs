@@ -73,7 +73,7 @@ impl Checker {
         metrics: Metrics,
         results: std::sync::mpsc::Sender<QualityEvent>,
         embedder: Option<Embedder>,
-        connector: crate::proxy::tls::Connector,
+        connector: crate::tls::Connector,
         budget: Arc<CpuBudget>,
     ) -> Checker {
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
@@ -121,7 +121,7 @@ struct Engine {
     cfg: Arc<ConsistencyConfig>,
     config: Arc<ConfigHandle>,
     metrics: Metrics,
-    client: Client<crate::proxy::tls::Connector, Full<Bytes>>,
+    client: Client<crate::tls::Connector, Full<Bytes>>,
     results: std::sync::mpsc::Sender<QualityEvent>,
     permits: Arc<Semaphore>,
     user_tokens: Arc<AtomicU64>,

@@ -1,25 +1,125 @@
-//! `MeteredBody`: the response body handed to the client. It forwards every upstream frame
+//! Phase 4, meter (pingora's `response_filter` and `logging`): the answer's head is cleaned
+//! and labelled, and its body is wrapped in `MeteredBody`. That forwards every upstream frame
 //! as it arrives (no buffering), lets the `ResponseMeter` look at it, enforces the idle
-//! timeout, and fires exactly once at the end: on end of stream, on an upstream error, or on
-//! drop, which is how a client disconnect is seen. Dropping it also drops the upstream body,
-//! which closes the upstream connection: vLLM aborts the generation when that happens.
+//! timeout, and files the request's record exactly once: at the end of the upstream body, on
+//! an upstream error, or on drop, which is how a client disconnect is seen. Dropping it also
+//! drops the upstream body, which closes the upstream connection: vLLM aborts the generation
+//! when that happens.
 
 use bytes::Bytes;
+use http::{HeaderValue, Response, header};
+use http_body_util::Either;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use prometheus::IntGauge;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
-use super::direct::DirectBody;
+use super::ProxyBody;
+use super::error::BoxError;
+use super::headers;
+use crate::config::Config;
+use crate::config::reload::ResolvedBackend;
 use crate::meter::observe::ResponseMeter;
-use crate::meter::record::{Outcome, RequestRecord, TokenSource};
+use crate::meter::record::{Outcome, Payload, RequestRecord, TokenSource};
 use crate::meter::recorder::Recorder;
-use crate::route::Dispatch;
+use crate::route::{Dispatch, Reason};
 
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+/// A metered request on its way: its record so far, and what the meter needs of the request.
+pub struct MeteredRequest {
+    pub record: RequestRecord,
+    pub payload: Payload,
+    /// Choices per request (`n`).
+    pub n: u32,
+    /// goodput asked the upstream for stream usage: the usage chunk is its to remove.
+    pub injected: bool,
+    pub t0: Instant,
+    /// Reading the client's body: the client's time, not counted as the proxy's overhead.
+    pub client_time: Duration,
+}
+
+/// Where the answer came from.
+pub struct Upstream {
+    pub backend: Arc<ResolvedBackend>,
+    pub reason: Reason,
+    /// The request's claim on the backend's capacity, held until the body is dropped.
+    pub dispatch: Dispatch,
+}
+
+/// The answer as the client gets it: hop-by-hop headers gone, the framing headers the ones
+/// hyper parsed, goodput's routing headers when configured, and the body metered.
+pub fn response_filter(
+    resp: Response<Incoming>,
+    metered: Option<MeteredRequest>,
+    upstream: Upstream,
+    cfg: &Config,
+    recorder: &Recorder,
+) -> Response<ProxyBody> {
+    let t_headers = Instant::now();
+    let (mut parts, body) = resp.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers);
+    // The length goodput frames the answer with is the one hyper parsed, not the upstream's
+    // spelling of it (`+67`, `0067`).
+    if parts.headers.contains_key(header::CONTENT_LENGTH) {
+        match body.size_hint().exact() {
+            Some(n) => parts.headers.insert(header::CONTENT_LENGTH, HeaderValue::from(n)),
+            None => parts.headers.remove(header::CONTENT_LENGTH),
+        };
+    }
+    let backend = &upstream.backend;
+    if cfg.routing.response_headers {
+        if let Ok(v) = HeaderValue::from_str(&backend.name) {
+            parts.headers.insert("x-goodput-backend", v);
+        }
+        parts.headers.insert("x-goodput-reason", HeaderValue::from_static(upstream.reason.as_str()));
+    }
+    let Some(MeteredRequest { mut record, payload, n, injected, t0, .. }) = metered else {
+        // Unmetered paths: the answer's status is what the breaker learns.
+        backend.state.report(parts.status.as_u16() < 500);
+        let idle = Duration::from_millis(cfg.timeouts.idle_ms);
+        let body = MeteredBody::new(body, None, Some(upstream.dispatch), idle);
+        return Response::from_parts(parts, Either::Left(body));
+    };
+    let status = parts.status.as_u16();
+    record.status = status;
+    record.outcome = match status {
+        500.. => Outcome::UpstreamError,
+        400.. => Outcome::ClientError,
+        _ => Outcome::Ok,
+    };
+    let sse = parts
+        .headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("text/event-stream"));
+    if injected && sse {
+        // Bytes may be taken out: the length is no longer the upstream's.
+        parts.headers.remove(header::CONTENT_LENGTH);
+    }
+    let metrics = recorder.metrics();
+    let labels = [&*record.model, &*record.backend, &*record.route];
+    let itl = (sse && n <= 1).then(|| metrics.itl.with_label_values(&labels));
+    let collect_text = backend.tokenizer.is_some() || payload.request.is_some();
+    let in_flight =
+        backend.in_flight.get_or_init(|| metrics.in_flight.with_label_values(&[&*backend.name])).clone();
+    in_flight.inc();
+    record.overhead += t_headers.elapsed();
+    let metering = Box::new(Metering {
+        meter: ResponseMeter::new(sse, injected, n, collect_text, itl),
+        record,
+        payload,
+        recorder: recorder.clone(),
+        t0,
+        in_flight,
+        upstream_errors: metrics.upstream_errors.clone(),
+    });
+    let idle = Duration::from_millis(cfg.timeouts.idle_ms);
+    let body = MeteredBody::new(body, Some(metering), Some(upstream.dispatch), idle);
+    Response::from_parts(parts, Either::Left(body))
+}
 
 #[derive(Debug)]
 pub struct IdleTimeout(pub Duration);
@@ -32,46 +132,11 @@ impl std::fmt::Display for IdleTimeout {
 
 impl std::error::Error for IdleTimeout {}
 
-/// The upstream's response body: from hyper's pooled client, or read by goodput's own
-/// HTTP/1.1 client in this task (`direct.rs`).
-pub enum FromUpstream {
-    Hyper(Incoming),
-    Direct(DirectBody),
-}
-
-impl Body for FromUpstream {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match self.get_mut() {
-            FromUpstream::Hyper(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-            FromUpstream::Direct(b) => Pin::new(b).poll_frame(cx).map_err(Into::into),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        match self {
-            FromUpstream::Hyper(b) => b.is_end_stream(),
-            FromUpstream::Direct(b) => b.is_end_stream(),
-        }
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self {
-            FromUpstream::Hyper(b) => b.size_hint(),
-            FromUpstream::Direct(b) => b.size_hint(),
-        }
-    }
-}
-
 /// Per-request metering state; absent for paths that are only forwarded.
 pub struct Metering {
     pub meter: ResponseMeter,
     pub record: RequestRecord,
+    pub payload: Payload,
     pub recorder: Recorder,
     pub t0: Instant,
     pub in_flight: IntGauge,
@@ -80,7 +145,7 @@ pub struct Metering {
 }
 
 pub struct MeteredBody {
-    inner: FromUpstream,
+    inner: Incoming,
     metering: Option<Box<Metering>>,
     /// Counts the request as outstanding at its backend until the body is dropped; with
     /// metering, the request's final outcome goes to the backend's circuit breaker.
@@ -99,15 +164,11 @@ pub struct MeteredBody {
     unflushed: bool,
     /// An upstream error held back for that flush.
     deferred: Option<BoxError>,
-    /// When the upstream body ended, if its record is still to be settled: the meter adds no
-    /// bytes at the end, so the parse of the response and the filing of its record wait until
-    /// the last bytes have been handed to the client (`settle`), instead of delaying them.
-    settle_at: Option<Instant>,
 }
 
 impl MeteredBody {
     pub fn new(
-        inner: FromUpstream,
+        inner: Incoming,
         metering: Option<Box<Metering>>,
         dispatch: Option<Dispatch>,
         idle_after: Duration,
@@ -123,11 +184,9 @@ impl MeteredBody {
             ended: false,
             unflushed: true,
             deferred: None,
-            settle_at: None,
         };
-        // An empty upstream body (`content-length: 0`) is never polled: hyper and the own
-        // server loop write the head and stop. Settle the record now, or its drop would count
-        // the request as cancelled.
+        // An empty upstream body (`content-length: 0`) is never polled: hyper writes the head
+        // and stops. File the record now, or its drop would count the request as cancelled.
         if body.metering.is_some() && body.inner.is_end_stream() {
             body.end_of_upstream(Instant::now());
         }
@@ -157,8 +216,8 @@ impl MeteredBody {
         }
         // The text goes to the recorder for the tokenizer count (which replaces the chunk
         // count) and for scoring.
-        if r.completion_tokens.is_none() || r.score_request.is_some() {
-            r.texts = obs.texts.take();
+        if r.completion_tokens.is_none() || m.payload.request.is_some() {
+            m.payload.texts = obs.texts.take();
         }
         if r.completion_tokens.is_none() && r.stream && obs.content_choice_chunks > 0 {
             r.completion_tokens = Some(obs.content_choice_chunks);
@@ -179,8 +238,8 @@ impl MeteredBody {
         if let Some(d) = &self.dispatch {
             d.state().report(!r.outcome.is_upstream_failure());
         }
-        let Metering { record, recorder, .. } = *m;
-        recorder.submit(record);
+        let Metering { record, payload, recorder, .. } = *m;
+        recorder.submit(record, payload);
     }
 
     /// Whether the upstream has been silent for `idle_after`. Polls the timer, so that it wakes
@@ -197,24 +256,6 @@ impl MeteredBody {
         self.idle.as_mut().reset(due.into());
         // Registers the re-armed timer with this task's waker.
         self.idle.as_mut().poll(cx).is_ready()
-    }
-
-    /// The upstream body is complete. When the meter may still add bytes (a held usage
-    /// chunk), they and the record come now; otherwise the record waits for `settle`.
-    fn upstream_ended(&mut self, at: Instant) {
-        self.ended = true;
-        match &self.metering {
-            Some(m) if !m.meter.may_rewrite() => self.settle_at = Some(at),
-            _ => self.end_of_upstream(at),
-        }
-    }
-
-    /// Settle a record held back by `upstream_ended`. The own server loop calls it after each
-    /// write to the client; dropping the body calls it too (hyper's server, or a client gone).
-    pub fn settle(&mut self) {
-        if let Some(at) = self.settle_at.take() {
-            self.end_of_upstream(at);
-        }
     }
 
     /// Release any held bytes and emit the record, its end-to-end time ending at `end`.
@@ -267,7 +308,7 @@ impl Body for MeteredBody {
                     return Poll::Pending;
                 }
                 Poll::Ready(None) => {
-                    this.upstream_ended(Instant::now());
+                    this.end_of_upstream(Instant::now());
                     continue;
                 }
                 Poll::Ready(Some(Err(e))) => {
@@ -278,12 +319,12 @@ impl Body for MeteredBody {
                     this.finish(Some(Outcome::UpstreamReset), Instant::now());
                     if this.unflushed {
                         // The bytes that did arrive reach the client before the cut.
-                        this.deferred = Some(e);
+                        this.deferred = Some(e.into());
                         this.unflushed = false;
                         cx.waker().wake_by_ref();
                         return Poll::Pending;
                     }
-                    return Poll::Ready(Some(Err(e)));
+                    return Poll::Ready(Some(Err(e.into())));
                 }
                 Poll::Ready(Some(Ok(frame))) => {
                     this.unflushed = true;
@@ -301,9 +342,9 @@ impl Body for MeteredBody {
                         Err(other) => Some(other),
                     };
                     // A body with a known length may never be polled to its end: hyper stops
-                    // once it has written content-length bytes. Settle the record now.
+                    // once it has written content-length bytes. File the record now.
                     if this.inner.is_end_stream() {
-                        this.upstream_ended(now);
+                        this.end_of_upstream(now);
                     }
                     match frame {
                         Some(f) => return Poll::Ready(Some(Ok(f))),
@@ -332,7 +373,6 @@ impl Body for MeteredBody {
 
 impl Drop for MeteredBody {
     fn drop(&mut self) {
-        self.settle();
         if self.metering.is_some() {
             // The client went away (or hyper gave up on the connection) before the end.
             self.finish(Some(Outcome::Cancelled), Instant::now());

@@ -1,0 +1,265 @@
+//! One error type for everything the proxy refuses or fails at. Its kind decides the status,
+//! the OpenAI error body, the metric label, the record's outcome, whether the backend's
+//! circuit breaker hears of it, and (with `sent`) whether another backend may be tried.
+
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use http_body_util::{Either, Full};
+use std::fmt;
+
+use super::ProxyBody;
+use crate::meter::record::Outcome;
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// A request target that is not origin-form (`*`, authority-form): never forwarded.
+    BadTarget,
+    /// CONNECT: goodput is not a forward proxy.
+    Connect,
+    /// An HTTP/1.1 request without exactly one Host header.
+    BadHost,
+    /// The request body is over `limits.max_body_bytes`.
+    BodyTooLarge,
+    /// The client's body could not be read (it reset, or sent broken framing).
+    BodyRead,
+    /// Every candidate backend is at its `max_concurrency`.
+    AtCapacity,
+    /// No connection to the upstream (refused, unreachable, DNS, TLS handshake).
+    UpstreamConnect,
+    UpstreamConnectTimeout,
+    /// No response head within `timeouts.first_byte_ms`.
+    UpstreamFirstByteTimeout,
+    /// The connection broke, or the upstream spoke broken HTTP, before a response head.
+    UpstreamProtocol,
+    /// `101 Switching Protocols` to a request that asked for no upgrade (goodput strips them).
+    UpstreamUpgrade,
+}
+
+impl Kind {
+    /// The `kind` label of `goodput_upstream_errors_total` and the OpenAI error `code`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Kind::BadTarget => "invalid_target",
+            Kind::Connect => "method_not_allowed",
+            Kind::BadHost => "invalid_host",
+            Kind::BodyTooLarge => "request_too_large",
+            Kind::BodyRead => "body_read_failed",
+            Kind::AtCapacity => "backend_at_capacity",
+            Kind::UpstreamConnect => "connect",
+            Kind::UpstreamConnectTimeout => "timeout_connect",
+            Kind::UpstreamFirstByteTimeout => "timeout_first_byte",
+            Kind::UpstreamProtocol => "protocol",
+            Kind::UpstreamUpgrade => "unexpected_upgrade",
+        }
+    }
+
+    pub fn status(self) -> StatusCode {
+        match self {
+            Kind::BadTarget | Kind::BadHost | Kind::BodyRead => StatusCode::BAD_REQUEST,
+            Kind::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            Kind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            Kind::AtCapacity => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Kind::UpstreamConnect | Kind::UpstreamProtocol | Kind::UpstreamUpgrade => StatusCode::BAD_GATEWAY,
+        }
+    }
+
+    /// The OpenAI error body's `type`.
+    fn error_type(self) -> &'static str {
+        match self {
+            Kind::BadTarget | Kind::Connect | Kind::BadHost | Kind::BodyTooLarge | Kind::BodyRead => {
+                "invalid_request_error"
+            }
+            Kind::AtCapacity => "overloaded_error",
+            Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => "upstream_timeout",
+            Kind::UpstreamConnect | Kind::UpstreamProtocol | Kind::UpstreamUpgrade => "upstream_error",
+        }
+    }
+
+    /// How a metered request that ends here is recorded.
+    pub fn outcome(self) -> Outcome {
+        match self {
+            Kind::BadTarget | Kind::Connect | Kind::BadHost | Kind::BodyTooLarge | Kind::BodyRead => {
+                Outcome::Rejected
+            }
+            Kind::AtCapacity => Outcome::Rejected,
+            Kind::UpstreamConnect => Outcome::ConnectError,
+            Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => Outcome::Timeout,
+            Kind::UpstreamProtocol | Kind::UpstreamUpgrade => Outcome::UpstreamReset,
+        }
+    }
+
+    /// The backend failed: counted in `goodput_upstream_errors_total` and by its breaker.
+    pub fn is_upstream(self) -> bool {
+        matches!(
+            self,
+            Kind::UpstreamConnect
+                | Kind::UpstreamConnectTimeout
+                | Kind::UpstreamFirstByteTimeout
+                | Kind::UpstreamProtocol
+                | Kind::UpstreamUpgrade
+        )
+    }
+}
+
+/// A refusal or failure, with what caused it.
+#[derive(Debug)]
+pub struct Error {
+    pub kind: Kind,
+    /// Whether any byte of the request may have reached the upstream. Only a request that
+    /// surely did not is sent again (to another backend): a written POST is never replayed,
+    /// since the backend may be running its generation.
+    pub sent: bool,
+    message: String,
+    source: Option<BoxError>,
+    retry_after: Option<u64>,
+}
+
+impl Error {
+    pub fn new(kind: Kind, message: impl Into<String>) -> Error {
+        Error { kind, sent: false, message: message.into(), source: None, retry_after: None }
+    }
+
+    pub fn with_source(mut self, source: impl Into<BoxError>) -> Error {
+        self.source = Some(source.into());
+        self
+    }
+
+    pub fn sent(mut self, sent: bool) -> Error {
+        self.sent = sent;
+        self
+    }
+
+    pub fn retry_after(mut self, secs: u64) -> Error {
+        self.retry_after = Some(secs);
+        self
+    }
+
+    /// Another candidate backend may be tried: the upstream failed and has none of the request.
+    pub fn may_fail_over(&self) -> bool {
+        self.kind.is_upstream() && !self.sent
+    }
+
+    /// Classify a failure of hyper's client. A connect error has sent nothing; anything after
+    /// the connection was made may have written the request.
+    pub fn from_client(e: hyper_util::client::legacy::Error, connect_ms: u64) -> Error {
+        if chain(&e).any(|s| s.is::<http_body_util::LengthLimitError>()) {
+            return Error::new(Kind::BodyTooLarge, "request body exceeds the limit")
+                .with_source(e)
+                .sent(true);
+        }
+        if e.is_connect() {
+            let timed_out = chain(&e).any(|s| {
+                s.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            });
+            return if timed_out {
+                Error::new(
+                    Kind::UpstreamConnectTimeout,
+                    format!("could not connect to the upstream within {connect_ms} ms"),
+                )
+            } else {
+                Error::new(Kind::UpstreamConnect, "could not connect to the upstream")
+            }
+            .with_source(e);
+        }
+        Error::new(Kind::UpstreamProtocol, "upstream failed before answering").with_source(e).sent(true)
+    }
+
+    /// The answer the client gets: the kind's status and an OpenAI-style error body.
+    pub fn response(&self) -> Response<ProxyBody> {
+        // The first cause below hyper-util's own wrapper ("client error (Connect)").
+        let cause =
+            chain(self).skip(1).find(|s| !s.is::<hyper_util::client::legacy::Error>()).map(|s| s.to_string());
+        let message = match cause {
+            Some(cause) if self.kind.is_upstream() => format!("{}: {cause}", self.message),
+            _ => self.message.clone(),
+        };
+        let mut r = error_response(self.kind.status(), self.kind.error_type(), self.kind.code(), &message);
+        if let Some(secs) = self.retry_after {
+            r.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        r
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_deref().map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// An error and its sources, outermost first.
+fn chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |e| e.source())
+}
+
+/// An OpenAI-style error body: `{"error": {"message", "type", "code"}}`.
+pub fn error_response(status: StatusCode, kind: &str, code: &str, message: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({"error": {"message": message, "type": kind, "code": code}});
+    Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Either::Right(Full::new(Bytes::from(body.to_string()))))
+        .expect("valid response")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[test]
+    fn only_an_unsent_upstream_failure_fails_over() {
+        let connect = Error::new(Kind::UpstreamConnect, "x");
+        assert!(connect.may_fail_over());
+        assert!(!Error::new(Kind::UpstreamProtocol, "x").sent(true).may_fail_over());
+        assert!(!Error::new(Kind::BodyTooLarge, "x").may_fail_over());
+        assert!(!Error::new(Kind::AtCapacity, "x").may_fail_over());
+    }
+
+    #[test]
+    fn kinds_decide_status_outcome_and_breaker() {
+        for (kind, status, upstream) in [
+            (Kind::BadTarget, 400, false),
+            (Kind::Connect, 405, false),
+            (Kind::BadHost, 400, false),
+            (Kind::BodyTooLarge, 413, false),
+            (Kind::AtCapacity, 503, false),
+            (Kind::UpstreamConnect, 502, true),
+            (Kind::UpstreamConnectTimeout, 504, true),
+            (Kind::UpstreamFirstByteTimeout, 504, true),
+            (Kind::UpstreamProtocol, 502, true),
+            (Kind::UpstreamUpgrade, 502, true),
+        ] {
+            assert_eq!(kind.status().as_u16(), status, "{kind:?}");
+            assert_eq!(kind.is_upstream(), upstream, "{kind:?}");
+            assert_eq!(kind.outcome().is_upstream_failure(), upstream, "{kind:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_body_names_the_cause_and_retry_after_is_set() {
+        let io = std::io::Error::new(std::io::ErrorKind::ConnectionReset, "reset by peer");
+        let e = Error::new(Kind::UpstreamProtocol, "upstream failed before answering").with_source(io);
+        assert_eq!(std::error::Error::source(&e).unwrap().to_string(), "reset by peer");
+        let r = e.response();
+        assert_eq!(r.status(), 502);
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["error"]["code"], "protocol");
+        assert_eq!(v["error"]["type"], "upstream_error");
+        assert_eq!(v["error"]["message"], "upstream failed before answering: reset by peer");
+        let r = Error::new(Kind::AtCapacity, "full").retry_after(3).response();
+        assert_eq!(r.headers()["retry-after"], "3");
+    }
+}

@@ -1,0 +1,142 @@
+//! Phase 3, forward: the upstream call over hyper's pooled client, within the first-byte
+//! timeout, and failover. A request goes to another candidate only when the failure surely
+//! left none of it at the upstream (a connect error) and its body is in memory; a request that
+//! may have been written is never sent twice, since the backend may be generating for it.
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderMap, Request, Response, StatusCode, header};
+use http_body_util::{Either, Full};
+use hyper::body::Incoming;
+use std::time::Duration;
+
+use super::admit::ClientBody;
+use super::error::{Error, Kind};
+use super::meter::MeteredRequest;
+use super::route::{self, Peer};
+use super::{Proxy, UpstreamBody};
+use crate::config::reload::{ResolvedBackend, ResolvedRoute, Snapshot};
+use crate::openai::request::rewrite_model;
+use crate::route::SloHeaders;
+
+/// What one request brings to the forward phase.
+pub struct Outbound<'a> {
+    pub parts: Parts,
+    pub body: ClientBody,
+    pub route: &'a ResolvedRoute,
+    pub slo_headers: SloHeaders,
+    /// The body's `model` field (metered paths).
+    pub model: Option<&'a str>,
+    pub id: u64,
+}
+
+/// Send the request to the backend the router picks, failing over while that is safe. Every
+/// upstream failure is counted (`goodput_upstream_errors_total`) and told to that backend's
+/// breaker; the last one is returned.
+pub async fn forward(
+    proxy: &Proxy,
+    snap: &Snapshot,
+    out: Outbound<'_>,
+    metered: &mut Option<MeteredRequest>,
+) -> Result<(Response<Incoming>, Peer), Error> {
+    let Outbound { mut parts, body, route, slo_headers, model, id } = out;
+    let can_failover = matches!(body, ClientBody::Whole(_)) && route.candidates.len() > 1;
+    let mut streaming = match body {
+        ClientBody::Whole(b) => Either::Left(b),
+        ClientBody::Streaming(s) => Either::Right(Some(s)),
+    };
+    let timeouts = snap.config.timeouts;
+    let mut tried: Vec<usize> = Vec::new();
+    loop {
+        let windows = &proxy.recorder.shared.windows;
+        let peer = route::upstream_peer(&proxy.router, windows, snap, route, slo_headers, id, &tried)?;
+        let backend = &peer.backend;
+        let headers = if can_failover { parts.headers.clone() } else { std::mem::take(&mut parts.headers) };
+        let body = match &mut streaming {
+            Either::Left(bytes) => Either::Left(bytes.clone()),
+            Either::Right(s) => Either::Right(s.take().expect("a streamed body is sent once")),
+        };
+        let req = upstream_request(&parts, headers, body, backend, route, model)?;
+        if let Some(m) = metered.as_mut() {
+            route::label(&mut m.record, backend, route, model);
+            // Time in the proxy before the upstream call; reading the body is the client's time.
+            m.record.overhead = m.t0.elapsed().saturating_sub(m.client_time);
+        }
+        let first_byte = Duration::from_millis(timeouts.first_byte_ms);
+        let sent = tokio::time::timeout(first_byte, proxy.client.request(req)).await;
+        let err = match sent {
+            Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                // goodput strips Upgrade, so no request asked for this: relaying it would leave
+                // client and upstream speaking different protocols on the connection. Dropping
+                // the answer closes that upstream connection.
+                Error::new(Kind::UpstreamUpgrade, "upstream switched protocols without being asked")
+                    .sent(true)
+            }
+            Ok(Ok(resp)) => return Ok((resp, peer)),
+            Ok(Err(e)) => Error::from_client(e, timeouts.connect_ms),
+            Err(_) => Error::new(
+                Kind::UpstreamFirstByteTimeout,
+                format!("upstream sent no response headers within {} ms", timeouts.first_byte_ms),
+            )
+            .sent(true),
+        };
+        if err.kind == Kind::BodyTooLarge {
+            proxy.metrics.body_too_large.inc();
+        }
+        if err.kind.is_upstream() {
+            backend.state.report(false);
+            proxy.metrics.upstream_errors.with_label_values(&[&*backend.name, err.kind.code()]).inc();
+        }
+        if err.may_fail_over() && can_failover && tried.len() + 1 < route.candidates.len() {
+            tracing::warn!(backend = %backend.name, kind = err.kind.code(), error = %err, "failing over");
+            tried.push(peer.index);
+            continue;
+        }
+        if let Some(m) = metered.as_mut() {
+            m.record.backend = backend.name.clone();
+        }
+        return Err(err);
+    }
+}
+
+/// The request as it goes to `backend`: its URI built from the backend's parts and the
+/// client's path, the backend's configured headers, and the body (with the backend's model
+/// name on a route that rewrites it).
+fn upstream_request(
+    parts: &Parts,
+    mut headers: HeaderMap,
+    body: UpstreamBodyParts,
+    backend: &ResolvedBackend,
+    route: &ResolvedRoute,
+    model: Option<&str>,
+) -> Result<Request<UpstreamBody>, Error> {
+    let target =
+        parts.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    let uri = backend.uri(&target).map_err(|e| Error::new(Kind::BadTarget, e))?;
+    for (k, v) in &backend.headers {
+        headers.insert(k.clone(), v.clone());
+    }
+    let body = match body {
+        Either::Left(mut bytes) => {
+            // One public model name over backends that serve different models.
+            if route.rewrite_model
+                && let (Some(m), Some(served)) = (model, &backend.served_model)
+                && !backend.serves(m)
+                && let Some(b) = rewrite_model(&bytes, served)
+            {
+                bytes = Bytes::from(b);
+                headers.insert(header::CONTENT_LENGTH, bytes.len().into());
+            }
+            Either::Left(Full::new(bytes))
+        }
+        Either::Right(s) => Either::Right(s),
+    };
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.headers_mut() = headers;
+    *req.version_mut() = http::Version::HTTP_11;
+    Ok(req)
+}
+
+type UpstreamBodyParts = Either<Bytes, http_body_util::Limited<Incoming>>;

@@ -1,0 +1,136 @@
+//! The listener: hyper serves every client connection (HTTP/1.1 and h2c), each on its own
+//! task, with `Proxy::handle` as the service. Limits that apply before a request exists live
+//! here: the connection cap, the head read timeout and size, and graceful drain on shutdown.
+
+use hyper::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+
+use super::Proxy;
+
+/// Accept connections until `shutdown` resolves; each connection is served on its own task.
+/// Then stop accepting, let in-flight requests finish for up to `grace`, and return.
+pub async fn serve(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    shutdown: impl std::future::Future<Output = ()>,
+    grace: Duration,
+) {
+    let limits = proxy.config.load().config.limits;
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(Duration::from_millis(limits.header_read_timeout_ms))
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(1024)
+        .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX));
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let open = Arc::new(AtomicUsize::new(0));
+    let refusing = Arc::new(AtomicUsize::new(0));
+    let metrics = proxy.metrics.clone();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, remote) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(s) => s,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        if open.load(Ordering::Relaxed) >= limits.max_connections {
+            metrics.rejected.with_label_values(&["max_connections"]).inc();
+            refuse(stream, limits.retry_after_secs, &refusing);
+            continue;
+        }
+        let _ = stream.set_nodelay(true);
+        let slot = ConnSlot::take(&open, &metrics.client_connections);
+        let p = proxy.clone();
+        let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+            let p = p.clone();
+            async move { Ok::<_, Infallible>(p.handle(req, Some(remote)).await) }
+        });
+        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        // Counted by the graceful shutdown until the connection closes.
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _slot = slot;
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    proxy.draining.store(true, Ordering::Relaxed);
+    tracing::info!(connections = graceful.count(), "draining in-flight requests");
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
+        tracing::warn!(?grace, "grace period over; closing the remaining connections");
+    }
+}
+
+/// One open client connection, counted until its task ends.
+struct ConnSlot {
+    open: Arc<AtomicUsize>,
+    gauge: prometheus::IntGauge,
+}
+
+impl ConnSlot {
+    fn take(open: &Arc<AtomicUsize>, gauge: &prometheus::IntGauge) -> ConnSlot {
+        open.fetch_add(1, Ordering::Relaxed);
+        gauge.inc();
+        ConnSlot { open: open.clone(), gauge: gauge.clone() }
+    }
+}
+
+impl Drop for ConnSlot {
+    fn drop(&mut self) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        self.gauge.dec();
+    }
+}
+
+/// Answer a connection over limits.max_connections with 503 + Retry-After, without reading
+/// its request. The answer is written whole, then the socket lingers briefly (its unread
+/// request would otherwise turn the close into a reset that can destroy the answer). At most
+/// MAX_REFUSING connections linger; past that a connection is simply closed.
+fn refuse(stream: tokio::net::TcpStream, retry_after: u64, refusing: &Arc<AtomicUsize>) {
+    const MAX_REFUSING: usize = 64;
+    if refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
+        refusing.fetch_sub(1, Ordering::Relaxed);
+        return;
+    }
+    let refusing = refusing.clone();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let body = r#"{"error":{"message":"goodput is at limits.max_connections; retry later","type":"overloaded_error","code":"max_connections"}}"#;
+        let head = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+             retry-after: {retry_after}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let mut stream = stream;
+        let linger = async {
+            stream.write_all(head.as_bytes()).await?;
+            stream.write_all(body.as_bytes()).await?;
+            stream.shutdown().await?;
+            let mut sink = [0u8; 4096];
+            while stream.read(&mut sink).await? > 0 {}
+            Ok::<_, std::io::Error>(())
+        };
+        let _ = tokio::time::timeout(Duration::from_millis(500), linger).await;
+        refusing.fetch_sub(1, Ordering::Relaxed);
+    });
+}
