@@ -149,6 +149,29 @@ async fn sigterm_drains_in_flight_streams_then_exits() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_nothing_in_flight_exits_at_once() {
+    let (sim_addr, _sim) = spawn_sim(0.0, 1.0, 4).await;
+    let mut gp = Goodput::start_with(
+        &format!("backends:\n  - name: sim\n    url: http://{sim_addr}\n"),
+        &["--shutdown-grace-secs", "30"],
+    );
+    // An idle keep-alive connection (a request answered, the client still connected) is not
+    // in flight: it does not hold the exit for the grace period.
+    let mut idle = TcpStream::connect(gp.proxy).await.unwrap();
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    assert!(raw_exchange(&mut idle, &req).await.starts_with("HTTP/1.1 200"));
+    let t = Instant::now();
+    sigterm(&gp);
+    let status = exit_within(&mut gp, t, Duration::from_millis(500), "at once with nothing in flight").await;
+    assert!(status.success(), "{status}");
+    drop(idle);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_grace_period_bounds_the_drain() {
     let (sim_addr, sim) = spawn_sim(0.0, 50.0, 400).await;
     let mut gp = Goodput::start_with(
