@@ -246,3 +246,41 @@ async fn connect_and_a_missing_or_repeated_host_are_refused_as_nginx_does() {
     // HTTP/1.0 needs no Host.
     assert_eq!(exchange(gp.proxy, b"GET /v1/models HTTP/1.0\r\n\r\n").await.0, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_connections_are_kept_alive_and_one_the_server_closed_is_replaced() {
+    // Keep-alive: five requests one after another share one upstream connection.
+    let (up, conns, requests) = counting_upstream(|_, _| Some(ok_answer())).await;
+    let gp = Goodput::start(&config_for(up, ""));
+    for _ in 0..5 {
+        assert_eq!(exchange(gp.proxy, chat_request().as_bytes()).await.0, 200);
+    }
+    assert_eq!((requests.load(Ordering::SeqCst), conns.load(Ordering::SeqCst)), (5, 1));
+
+    // A server that closes each connection soon after answering (an idle timeout): the next
+    // request finds its pooled connection closed and goes on a new one, never failing.
+    let conns = Arc::new(AtomicUsize::new(0));
+    let c = conns.clone();
+    let up = raw_upstream(move |mut s| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async move {
+            while let Some(req) = read_request_bytes(&mut s).await {
+                let readiness = String::from_utf8_lossy(&req).contains("goodput-readiness");
+                if s.write_all(&ok_answer()).await.is_err() || !readiness {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let gp = Goodput::start(&config_for(up, ""));
+    for _ in 0..4 {
+        let (status, _, body) = exchange(gp.proxy, chat_request().as_bytes()).await;
+        assert_eq!(status, 200, "{body}");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    assert!(conns.load(Ordering::SeqCst) >= 4, "a closed connection was used again");
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_upstream_errors_total", &[]), 0.0);
+}
