@@ -23,7 +23,8 @@ if [ "$(cat "$VENV/.llama-build" 2>/dev/null)" != "$(cat "$_LLM_VENV/.llama-buil
     onnx numpy "gguf==0.19.0" "llama-cpp-python==0.3.36"
   cp "$_LLM_VENV/.llama-build" "$VENV/.llama-build"
 fi
-if [ ! -s "$OUT/model.onnx" ] || [ "$OUT/model.onnx" -ot scripts/models/gguf_to_onnx.py ]; then
+if [ ! -s "$OUT/model.onnx" ] || [ "$OUT/model.onnx" -ot scripts/models/gguf_to_onnx.py ] \
+    || [ "$OUT/model.onnx" -ot scripts/models/gguf_weights.py ]; then
   "$VENV/bin/python" scripts/models/gguf_to_onnx.py "$GGUF" "$OUT"
 fi
 cp -f "$TOKDIR/tokenizer.json" "$TOKDIR/chat_template.jinja" "$TOKDIR/special_tokens.json" "$OUT/"

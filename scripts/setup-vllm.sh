@@ -50,7 +50,8 @@ fi
 
 # The model in Hugging Face format, from the same GGUF as the reference LM and llama.cpp.
 MODEL="$CACHE/models/smollm2-135m-instruct-hf"
-if [ ! -s "$MODEL/model.safetensors" ] || [ "$MODEL/model.safetensors" -ot scripts/models/gguf_to_hf.py ]; then
+if [ ! -s "$MODEL/model.safetensors" ] || [ "$MODEL/model.safetensors" -ot scripts/models/gguf_to_hf.py ] \
+    || [ "$MODEL/model.safetensors" -ot scripts/models/gguf_weights.py ]; then
   log "converting $GGUF to Hugging Face format"
   "$LLM_VENV/bin/pip" install --quiet "safetensors>=0.6.2"
   "$LLM_VENV/bin/python" scripts/models/gguf_to_hf.py "$GGUF" "$TOKDIR" "$MODEL"

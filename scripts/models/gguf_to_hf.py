@@ -12,37 +12,19 @@ Usage: gguf_to_hf.py MODEL.gguf TOKENIZER_DIR OUT_DIR
 import json, os, shutil, sys
 
 import numpy as np
-from gguf import GGUFReader
-from gguf.quants import dequantize
 from safetensors.numpy import save_file
 
-
-def meta(r, key, default=None):
-    f = r.fields.get(key)
-    if f is None:
-        return default
-    return f.contents() if hasattr(f, "contents") else f.parts[f.data[0]].tolist()[0]
+from gguf_weights import load, meta, unpermute
 
 
 def main():
     path, tokdir, out = sys.argv[1], sys.argv[2], sys.argv[3]
-    r = GGUFReader(path)
-    if meta(r, "general.architecture") != "llama":
-        sys.exit("unsupported architecture: only llama")
+    r, W = load(path)
     n_layer = int(meta(r, "llama.block_count"))
     d = int(meta(r, "llama.embedding_length"))
     n_head = int(meta(r, "llama.attention.head_count"))
     n_kv = int(meta(r, "llama.attention.head_count_kv"))
     hd = d // n_head
-    W = {}
-    for t in r.tensors:
-        a = dequantize(t.data, t.tensor_type).astype(np.float32)
-        W[t.name] = a.reshape([int(x) for x in reversed(t.shape)])  # GGUF dims are innermost-first
-
-    def unpermute(w, heads):
-        # llama.cpp's convert: w.reshape(heads, 2, hd/2, in).swapaxes(1, 2); undo it.
-        return w.reshape(heads, hd // 2, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
-
     hf = {"model.embed_tokens.weight": W["token_embd.weight"], "model.norm.weight": W["output_norm.weight"]}
     tied = "output.weight" not in W
     if not tied:
@@ -54,8 +36,8 @@ def main():
     }
     for i in range(n_layer):
         p, q = f"blk.{i}.", f"model.layers.{i}."
-        hf[q + "self_attn.q_proj.weight"] = unpermute(W[p + "attn_q.weight"], n_head)
-        hf[q + "self_attn.k_proj.weight"] = unpermute(W[p + "attn_k.weight"], n_kv)
+        hf[q + "self_attn.q_proj.weight"] = unpermute(W[p + "attn_q.weight"], n_head, hd)
+        hf[q + "self_attn.k_proj.weight"] = unpermute(W[p + "attn_k.weight"], n_kv, hd)
         for g, h in names.items():
             hf[q + h + ".weight"] = W[p + g + ".weight"]
     os.makedirs(out, exist_ok=True)

@@ -15,22 +15,14 @@ import os, sys
 
 import numpy as np
 import onnx
-from gguf import GGUFReader
-from gguf.quants import dequantize
 from onnx import TensorProto, helper, numpy_helper
 
-
-def meta(r, key):
-    f = r.fields[key]
-    return f.contents() if hasattr(f, "contents") else f.parts[f.data[0]].tolist()[0]
+from gguf_weights import load, meta, unpermute
 
 
 def main():
     path, out = sys.argv[1], sys.argv[2]
-    r = GGUFReader(path)
-    arch = meta(r, "general.architecture")
-    if arch != "llama":
-        sys.exit(f"unsupported architecture {arch!r}")
+    r, W = load(path)
     n_layer = int(meta(r, "llama.block_count"))
     d = int(meta(r, "llama.embedding_length"))
     n_head = int(meta(r, "llama.attention.head_count"))
@@ -39,17 +31,9 @@ def main():
     theta = float(meta(r, "llama.rope.freq_base"))
     ctx = int(meta(r, "llama.context_length"))
     hd = d // n_head
-    W = {}
-    for t in r.tensors:
-        a = dequantize(t.data, t.tensor_type).astype(np.float32)
-        W[t.name] = a.reshape([int(x) for x in reversed(t.shape)])  # GGUF dims are innermost-first
     vocab = W["token_embd.weight"].shape[0]
     print(f"llama: {n_layer} layers, d={d}, heads={n_head}/{n_kv}, hd={hd}, vocab={vocab}, eps={eps}, "
           f"theta={theta}", file=sys.stderr)
-
-    def unpermute(w, heads):
-        # llama.cpp's convert: w.reshape(heads, 2, hd/2, in).swapaxes(1, 2); undo it.
-        return w.reshape(heads, hd // 2, 2, w.shape[1]).swapaxes(1, 2).reshape(w.shape)
 
     nodes, inits = [], []
     counter = [0]
@@ -121,8 +105,8 @@ def main():
     for i in range(n_layer):
         p = f"blk.{i}."
         h = rms(x, init(p + "attn_norm", W[p + "attn_norm.weight"]))
-        q = heads(linear(h, p + "wq", unpermute(W[p + "attn_q.weight"], n_head)), n_head)
-        k = heads(linear(h, p + "wk", unpermute(W[p + "attn_k.weight"], n_kv)), n_kv)
+        q = heads(linear(h, p + "wq", unpermute(W[p + "attn_q.weight"], n_head, hd)), n_head)
+        k = heads(linear(h, p + "wk", unpermute(W[p + "attn_k.weight"], n_kv, hd)), n_kv)
         v = heads(linear(h, p + "wv", W[p + "attn_v.weight"]), n_kv)
         q, k = rope(q), rope(k)
         if n_kv != n_head:  # grouped-query attention: repeat each KV head
