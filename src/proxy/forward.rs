@@ -41,10 +41,7 @@ pub async fn forward(
 ) -> Result<(Response<Incoming>, Peer), Error> {
     let Outbound { mut parts, body, route, slo_headers, model, id } = out;
     let can_failover = matches!(body, ClientBody::Whole(_)) && route.candidates.len() > 1;
-    let mut streaming = match body {
-        ClientBody::Whole(b) => Either::Left(b),
-        ClientBody::Streaming(s) => Either::Right(Some(s)),
-    };
+    let mut body = Some(body);
     let timeouts = snap.config.timeouts;
     let mut tried: Vec<usize> = Vec::new();
     loop {
@@ -52,11 +49,12 @@ pub async fn forward(
         let peer = route::upstream_peer(&proxy.router, windows, snap, route, slo_headers, id, &tried)?;
         let backend = &peer.backend;
         let headers = if can_failover { parts.headers.clone() } else { std::mem::take(&mut parts.headers) };
-        let body = match &mut streaming {
-            Either::Left(bytes) => Either::Left(bytes.clone()),
-            Either::Right(s) => Either::Right(s.take().expect("a streamed body is sent once")),
+        // A body in memory can be sent again; a streamed one only once (no failover then).
+        let this_attempt = match &body {
+            Some(ClientBody::Whole(bytes)) => ClientBody::Whole(bytes.clone()),
+            _ => body.take().expect("a streamed body is sent once"),
         };
-        let req = upstream_request(&parts, headers, body, backend, route, model)?;
+        let req = upstream_request(&parts, headers, this_attempt, backend, route, model)?;
         if let Some(m) = metered.as_mut() {
             route::label(&mut m.record, backend, route, model);
             // Time in the proxy before the upstream call; reading the body is the client's time.
@@ -105,7 +103,7 @@ pub async fn forward(
 fn upstream_request(
     parts: &Parts,
     mut headers: HeaderMap,
-    body: UpstreamBodyParts,
+    body: ClientBody,
     backend: &ResolvedBackend,
     route: &ResolvedRoute,
     model: Option<&str>,
@@ -117,7 +115,7 @@ fn upstream_request(
         headers.insert(k.clone(), v.clone());
     }
     let body = match body {
-        Either::Left(mut bytes) => {
+        ClientBody::Whole(mut bytes) => {
             // One public model name over backends that serve different models.
             if route.rewrite_model
                 && let (Some(m), Some(served)) = (model, &backend.served_model)
@@ -129,7 +127,7 @@ fn upstream_request(
             }
             Either::Left(Full::new(bytes))
         }
-        Either::Right(s) => Either::Right(s),
+        ClientBody::Streaming(s) => Either::Right(s),
     };
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
@@ -138,5 +136,3 @@ fn upstream_request(
     *req.version_mut() = http::Version::HTTP_11;
     Ok(req)
 }
-
-type UpstreamBodyParts = Either<Bytes, http_body_util::Limited<Incoming>>;
