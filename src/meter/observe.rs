@@ -1,12 +1,14 @@
 //! `ResponseMeter`: reads a response beside the forwarding, timestamps token events and
-//! finds `usage`. It never changes a byte, except to take out the usage-only chunk that the
-//! proxy itself asked for (and only when it asked).
+//! finds `usage`. It never changes a byte, except to undo what the proxy's own include_usage
+//! did to the stream (and only when it asked): the usage-only chunk is taken out, and the
+//! `system_fingerprint` a server moved onto that chunk (vLLM does) goes back onto the stream's
+//! finish chunks, where the same server puts it when usage is off.
 
 use bytes::{Bytes, BytesMut};
 use prometheus::Histogram;
 use std::time::{Duration, Instant};
 
-use crate::openai::response::{Usage, finish_reason_label, parse_chunk, parse_response};
+use crate::openai::response::{ChunkInfo, Usage, finish_reason_label, parse_chunk, parse_response};
 use crate::openai::sse::SseReader;
 
 /// Largest non-streaming body the meter reads for usage (the body itself is forwarded whole).
@@ -47,8 +49,30 @@ pub struct ResponseMeter {
     held: Vec<u8>,
     held_start: u64,
     max_held: usize,
-    spans: Vec<(u64, u64)>,
+    edits: Vec<Edit>,
+    /// Finish chunks without a `system_fingerprint`, held back until the next event shows
+    /// whether it is the usage chunk carrying one: (start, end) in the stream.
+    finishing: Vec<(u64, u64)>,
     pub observed: Observed,
+}
+
+/// A change to the stream range [start, end): removed (`insert` None), or `insert` written
+/// before the last `}` in it (the closing brace of the event's JSON).
+#[derive(Debug)]
+struct Edit {
+    start: u64,
+    end: u64,
+    insert: Option<Bytes>,
+}
+
+/// The JSON text of a chunk's top-level `system_fingerprint`, when it has a non-null one. Read
+/// for finish and usage chunks only (a few per stream).
+fn fingerprint(data: &[u8]) -> Option<Box<serde_json::value::RawValue>> {
+    #[derive(serde::Deserialize)]
+    struct F {
+        system_fingerprint: Option<Box<serde_json::value::RawValue>>,
+    }
+    serde_json::from_slice::<F>(data).ok()?.system_fingerprint.filter(|r| r.get() != "null")
 }
 
 impl ResponseMeter {
@@ -66,7 +90,8 @@ impl ResponseMeter {
             held: Vec::new(),
             held_start: 0,
             max_held: MAX_HELD,
-            spans: Vec::new(),
+            edits: Vec::new(),
+            finishing: Vec::new(),
             observed: Observed { texts: collect_text.then(Vec::new), ..Default::default() },
         }
     }
@@ -101,20 +126,23 @@ impl ResponseMeter {
         };
         let strip = self.strip_usage;
         let obs = &mut self.observed;
-        let spans = &mut self.spans;
+        let edits = &mut self.edits;
+        let finishing = &mut self.finishing;
         let last_content = &mut self.last_content;
         let last_tokens = &mut self.last_completion_tokens;
         let itl = &self.itl;
         let single = self.single_choice;
         reader.feed(&frame, |ev| {
+            let c =
+                if ev.is_done() || ev.truncated { None } else { parse_chunk(ev.data, obs.texts.is_some()) };
+            if strip {
+                restore_fingerprint(ev.start, ev.end, ev.data, c.as_ref(), edits, finishing);
+            }
             if ev.is_done() {
                 obs.done = true;
                 return;
             }
-            if ev.truncated {
-                return;
-            }
-            let Some(c) = parse_chunk(ev.data, obs.texts.is_some()) else { return };
+            let Some(c) = c else { return };
             obs.error_event |= c.error;
             if let Some(u) = c.usage {
                 // With continuous_usage_stats a chunk may carry several tokens: ITL per token.
@@ -127,7 +155,6 @@ impl ResponseMeter {
                 }
                 obs.usage = Some(u);
                 if c.usage_only && strip {
-                    spans.push((ev.start, ev.end));
                     obs.usage_chunks_removed += 1;
                 }
                 if c.content {
@@ -171,36 +198,56 @@ impl ResponseMeter {
         // An event whose head was already released (it outgrew max_held) holds nothing back:
         // the boundary never goes below what was released.
         let mut boundary = if reader.in_event() && !at_end { reader.event_start() } else { pos };
+        if let Some(&(start, _)) = self.finishing.first()
+            && !at_end
+        {
+            boundary = boundary.min(start);
+        }
         boundary = boundary.max(self.held_start);
         let frame_start = pos - frame.len() as u64;
-        if self.held.is_empty() && self.spans.is_empty() && boundary == pos {
+        if self.held.is_empty() && self.edits.is_empty() && boundary == pos {
             self.held_start = pos;
             return Some(frame);
         }
         if (self.held.len() + frame.len()) > self.max_held {
             boundary = pos;
         }
+        if boundary == pos || at_end {
+            // Nothing is held back any more: finish chunks still waiting go as they are.
+            self.finishing.clear();
+        }
         // Logical pending bytes: held ++ frame, covering [held_start, pos).
         debug_assert_eq!(self.held_start + self.held.len() as u64, frame_start);
         let mut out = BytesMut::with_capacity((boundary - self.held_start) as usize);
         let mut cursor = self.held_start;
         let pending = Pending { held: &self.held, held_start: self.held_start, frame: &frame, frame_start };
-        for &(s, e) in &self.spans {
-            // An event whose head was already released (oversized) cannot be taken out.
-            if s < cursor {
+        self.edits.sort_by_key(|e| e.start);
+        for edit in &self.edits {
+            // An event whose head was already released (oversized) cannot be changed.
+            if edit.start < cursor {
                 continue;
             }
-            if s >= boundary {
+            if edit.end > boundary {
                 break;
             }
-            pending.copy(cursor, s, |b| out.extend_from_slice(b));
-            cursor = e.min(boundary).max(cursor);
+            match &edit.insert {
+                None => {
+                    pending.copy(cursor, edit.start, |b| out.extend_from_slice(b));
+                    cursor = edit.end;
+                }
+                Some(text) => {
+                    let Some(brace) = pending.rfind(edit.start, edit.end, b'}') else { continue };
+                    pending.copy(cursor, brace, |b| out.extend_from_slice(b));
+                    out.extend_from_slice(text);
+                    cursor = brace;
+                }
+            }
         }
         pending.copy(cursor, boundary, |b| out.extend_from_slice(b));
         // Keep [boundary, pos) for later.
         let mut rest = Vec::with_capacity((pos - boundary) as usize);
         pending.copy(boundary, pos, |b| rest.extend_from_slice(b));
-        self.spans.retain(|&(_, e)| e > boundary);
+        self.edits.retain(|e| e.end > boundary && e.start >= boundary);
         self.held = rest;
         self.held_start = boundary;
         if out.is_empty() { None } else { Some(out.freeze()) }
@@ -233,25 +280,60 @@ impl ResponseMeter {
             }
             Mode::Sse(reader) => {
                 let strip = self.strip_usage;
-                let spans = &mut self.spans;
+                let (edits, finishing) = (&mut self.edits, &mut self.finishing);
                 let obs = &mut self.observed;
                 reader.finish(|ev| {
-                    if let Some(c) = parse_chunk(ev.data, false)
+                    let c = parse_chunk(ev.data, false);
+                    if strip {
+                        restore_fingerprint(ev.start, ev.end, ev.data, c.as_ref(), edits, finishing);
+                    }
+                    if let Some(c) = c
                         && c.usage_only
                     {
                         obs.usage = c.usage;
                         if strip {
-                            spans.push((ev.start, ev.end));
                             obs.usage_chunks_removed += 1;
                         }
                     }
                 });
-                if !self.strip_usage || (self.held.is_empty() && self.spans.is_empty()) {
+                if !self.strip_usage || (self.held.is_empty() && self.edits.is_empty()) {
                     return None;
                 }
                 self.release(Bytes::new(), true)
             }
         }
+    }
+}
+
+/// While the proxy's include_usage is being undone, one event at [start, end): the usage-only
+/// chunk is marked for removal, and the finish chunks held just before it get back the
+/// `system_fingerprint` it carried. Any other event ends the wait: the finish chunks go as
+/// they are (with `n` > 1, a choice that finished before the others keeps no fingerprint).
+fn restore_fingerprint(
+    start: u64,
+    end: u64,
+    data: &[u8],
+    c: Option<&ChunkInfo<'_>>,
+    edits: &mut Vec<Edit>,
+    finishing: &mut Vec<(u64, u64)>,
+) {
+    match c {
+        Some(c) if c.usage_only => {
+            if !finishing.is_empty()
+                && let Some(fp) = fingerprint(data)
+            {
+                let text = Bytes::from(format!(",\"system_fingerprint\":{}", fp.get()));
+                for &(s, e) in finishing.iter() {
+                    edits.push(Edit { start: s, end: e, insert: Some(text.clone()) });
+                }
+            }
+            finishing.clear();
+            edits.push(Edit { start, end, insert: None });
+        }
+        Some(c) if !c.finish_reasons.is_empty() && fingerprint(data).is_none() => {
+            finishing.push((start, end));
+        }
+        _ => finishing.clear(),
     }
 }
 
@@ -264,6 +346,19 @@ struct Pending<'a> {
 }
 
 impl Pending<'_> {
+    /// The stream offset of the last `byte` in [from, to).
+    fn rfind(&self, from: u64, to: u64, byte: u8) -> Option<u64> {
+        let mut found = None;
+        let mut at = from;
+        self.copy(from, to, |b| {
+            if let Some(i) = memchr::memrchr(byte, b) {
+                found = Some(at + i as u64);
+            }
+            at += b.len() as u64;
+        });
+        found
+    }
+
     /// Pass the stream range [from, to) to `sink`, in at most two slices.
     fn copy(&self, from: u64, to: u64, mut sink: impl FnMut(&[u8])) {
         if from >= to {
@@ -390,9 +485,73 @@ mod tests {
     #[test]
     fn complete_frames_are_not_copied() {
         let mut m = ResponseMeter::new(true, true, 1, false, None);
-        let f = Bytes::from(CHAT);
+        let f = Bytes::from(CHAT.rsplit_once("data:").unwrap().0.to_string());
         let out = m.on_data(f.clone(), Instant::now()).unwrap();
         assert_eq!(out.as_ptr(), f.as_ptr());
+    }
+
+    /// vLLM puts `system_fingerprint` on the finish chunk when usage is off and on the usage
+    /// chunk when it is on: with usage injected, the client still gets the stream it would
+    /// have got without goodput, byte for byte, at every split.
+    #[test]
+    fn fingerprint_moves_back_onto_the_finish_chunk_at_every_split() {
+        let fin = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"},\"finish_reason\":\"stop\"}]}\n\n";
+        let fin_fp = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"!\"},\"finish_reason\":\"stop\"}],\"system_fingerprint\":\"fp-1\"}\n\n";
+        let usage = "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2},\"system_fingerprint\":\"fp-1\"}\n\n";
+        let head = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"Hi\"}}]}\n\n";
+        let full = format!("{head}{fin}{usage}{DONE}");
+        let want = format!("{head}{fin_fp}{DONE}");
+        let b = full.as_bytes();
+        for i in 0..=b.len() {
+            for j in (i..=b.len()).step_by(7) {
+                let (out, obs) = run(&[&b[..i], &b[i..j], &b[j..]], true);
+                assert_eq!(String::from_utf8(out).unwrap(), want, "split {i},{j}");
+                assert_eq!(obs.usage_chunks_removed, 1);
+                assert_eq!(obs.content_chunks, 2);
+            }
+        }
+        // Without injection nothing changes; a finish chunk that has one keeps it alone.
+        let (out, _) = run(&[full.as_bytes()], false);
+        assert_eq!(out, full.as_bytes());
+        let already = format!("{head}{fin_fp}{usage}{DONE}");
+        let (out, _) = run(&[already.as_bytes()], true);
+        assert_eq!(String::from_utf8(out).unwrap(), want);
+        // A server without a fingerprint: the finish chunk goes as it came.
+        let plain = format!("{head}{fin}{USAGE}{DONE}");
+        let (out, _) = run(&[plain.as_bytes()], true);
+        assert_eq!(String::from_utf8(out).unwrap(), format!("{head}{fin}{DONE}"));
+    }
+
+    /// Two choices finishing in the same step both get it back; a choice that finished while
+    /// the other still streamed goes on at once, without one.
+    #[test]
+    fn fingerprint_with_two_choices() {
+        let fin = |i: u32, fp: bool| {
+            format!(
+                "data: {{\"choices\":[{{\"index\":{i},\"delta\":{{}},\"finish_reason\":\"stop\"}}]{}}}\n\n",
+                if fp { ",\"system_fingerprint\":\"f\"" } else { "" }
+            )
+        };
+        let tok =
+            |i: u32| format!("data: {{\"choices\":[{{\"index\":{i},\"delta\":{{\"content\":\"x\"}}}}]}}\n\n");
+        let usage = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":3},\"system_fingerprint\":\"f\"}\n\n";
+        let together = format!("{}{}{}{}{usage}{DONE}", tok(0), tok(1), fin(0, false), fin(1, false));
+        let (out, _) = run(&[together.as_bytes()], true);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            format!("{}{}{}{}{DONE}", tok(0), tok(1), fin(0, true), fin(1, true))
+        );
+        // Choice 0's finish is released as soon as choice 1's next token arrives.
+        let apart = format!("{}{}{}{}{usage}{DONE}", tok(0), fin(0, false), tok(1), fin(1, false));
+        let mut m = ResponseMeter::new(true, true, 2, false, None);
+        let parts: Vec<&str> = apart.split_inclusive("\n\n").collect();
+        let mut out = String::new();
+        for p in &parts[..3] {
+            if let Some(b) = m.on_data(Bytes::copy_from_slice(p.as_bytes()), Instant::now()) {
+                out.push_str(std::str::from_utf8(&b).unwrap());
+            }
+        }
+        assert_eq!(out, format!("{}{}{}", tok(0), fin(0, false), tok(1)));
     }
 
     #[test]
