@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, as CI runs it: install test dependencies, check formatting and lints,
-# then unit tests and black-box tests over real sockets (real Prometheus, a real LLM server and
-# headless Chromium included), and the deployment checks (Helm chart, Prometheus rules, dashboards).
+# then unit tests and black-box tests over real sockets (real Prometheus, vLLM and llama.cpp's
+# servers and headless Chromium included), and the deployment checks (Helm chart, Prometheus
+# rules, dashboards).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,19 @@ scripts/setup-test-deps.sh
 llm="$(scripts/setup-llm.sh | tail -1)"
 read -r GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR <<< "$llm"
 export GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR
+# vLLM's CPU build serving the same SmolLM2 (tests/e2e_vllm.rs). Its start-up is minutes, most
+# of it a warm-up compile, so it starts once, now, and compiles while the suite builds; the
+# tests wait for it. At lower CPU priority, like llama.cpp: the client and goodput, whose
+# clocks the tests compare, go first. --max-num-seqs 4: a queue forms in seconds on two cores.
+read -r GOODPUT_VLLM_VENV _ <<< "$(scripts/setup-vllm.sh | tail -1)"
+GOODPUT_VLLM_PORT="${GOODPUT_VLLM_PORT:-18021}"
+GOODPUT_VLLM_LOG="$(mktemp -t goodput-vllm.XXXXXX.log)"
+VLLM_PORT="$GOODPUT_VLLM_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 \
+  > "$GOODPUT_VLLM_LOG" 2>&1 &
+VLLM_PID=$!
+# vLLM's engine runs in a child process: stop the whole group, politely first.
+trap 'kill -TERM -- -$VLLM_PID 2>/dev/null; sleep 3; kill -KILL -- -$VLLM_PID 2>/dev/null; true' EXIT
+export GOODPUT_VLLM_VENV GOODPUT_VLLM_LOG GOODPUT_VLLM_URL="http://127.0.0.1:$GOODPUT_VLLM_PORT"
 # The reference LM for perplexity (SmolLM2 converted to ONNX, seconds once the above is cached)
 # and ONNX Runtime's library from the onnxruntime wheel.
 GOODPUT_MODEL_DIR="$(scripts/setup-models.sh | tail -1)"

@@ -316,6 +316,8 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         results: results_rx,
     });
     let recorder = Recorder::start(handle.clone(), metrics.clone(), quality);
+    // Each server's own view (vLLM's /metrics) and its served model names, beside goodput's.
+    crate::route::server::spawn_watcher(handle.clone(), metrics.clone(), connector.clone());
     let proxy = Proxy::new(handle.clone(), recorder, metrics, sampling, connector);
     proxy.spawn_readiness_probe();
     crate::route::prom::spawn_refresher(

@@ -130,6 +130,16 @@ fn backends(proxy: &Proxy) -> serde_json::Value {
                 "max_concurrency": b.max_concurrency,
                 "outstanding": b.state.outstanding(),
                 "circuit": b.state.breaker_state(),
+                // The server's own view (vLLM's /metrics); null when unknown or not exported.
+                "server": b.state.server.view().map(|v| serde_json::json!({
+                    "waiting": v.reading.waiting,
+                    "running": v.reading.running,
+                    "kv_cache_usage": v.reading.kv_cache_usage,
+                    "prefix_cache_hit_ratio": v.prefix_cache_hit_ratio,
+                    "preemptions": v.reading.preemptions,
+                    "age_ms": v.at.elapsed().as_millis() as u64,
+                })),
+                "discovered_models": &**b.state.server.models(),
                 "window": windows.get(&*b.name),
                 "router_stats": remote.as_ref().and_then(|r| r.get(&*b.name)).cloned()
                     .or_else(|| windows.get(&*b.name).map(crate::route::router::stats_of)),

@@ -127,6 +127,26 @@ pub struct Backend {
     /// Requests in flight at most; the router sends no more while it is reached.
     #[serde(default)]
     pub max_concurrency: Option<u64>,
+    /// The server's own metrics (vLLM's `/metrics`: queue, running requests, KV cache, prefix
+    /// cache, preemptions), read on an interval beside goodput's measurements.
+    #[serde(default)]
+    pub server_metrics: ServerMetrics,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerMetrics {
+    pub enabled: bool,
+    pub interval_ms: u64,
+    /// Path on the backend's origin (not under its base path): vLLM serves `/metrics` at the
+    /// root whatever prefix its API has.
+    pub path: String,
+}
+
+impl Default for ServerMetrics {
+    fn default() -> Self {
+        ServerMetrics { enabled: true, interval_ms: 500, path: "/metrics".into() }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
@@ -380,6 +400,13 @@ impl Config {
                 && b.price.output_per_1m.is_finite())
             {
                 err(format!("{p}.price"), "prices must be finite and >= 0".into());
+            }
+            let sm = &b.server_metrics;
+            if !(100..=3_600_000).contains(&sm.interval_ms) {
+                err(format!("{p}.server_metrics.interval_ms"), "must be between 100 and 3600000".into());
+            }
+            if !sm.path.starts_with('/') || http::uri::PathAndQuery::try_from(sm.path.as_str()).is_err() {
+                err(format!("{p}.server_metrics.path"), format!("`{}` is not a path like /metrics", sm.path));
             }
             if b.max_concurrency == Some(0) {
                 err(format!("{p}.max_concurrency"), "must be >= 1 (omit it for no limit)".into());

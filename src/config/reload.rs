@@ -63,7 +63,7 @@ impl ResolvedBackend {
 
     /// Bounded label value for a requested model name.
     pub fn serves(&self, model: &str) -> bool {
-        self.models.contains_key(model)
+        self.models.contains_key(model) || self.state.server.model(model).is_some()
     }
 
     pub fn model_label(&self, requested: Option<&str>) -> Arc<str> {
@@ -75,7 +75,8 @@ impl ResolvedBackend {
             None => UNKNOWN.with(Arc::clone),
             Some(m) => match self.models.get(m) {
                 Some(l) => l.clone(),
-                None => OTHER.with(Arc::clone),
+                // Names the server listed on /v1/models (bounded), when the config lists none.
+                None => self.state.server.model(m).unwrap_or_else(|| OTHER.with(Arc::clone)),
             },
         }
     }
@@ -420,20 +421,25 @@ fn read(path: Option<&PathBuf>, upstream: Option<&str>) -> Result<(Config, Strin
         Config::parse(&text)?
     };
     if let Some(u) = upstream {
+        let (name, url) = split_upstream(u);
         match config.backends.first_mut() {
             Some(b) => {
-                b.url = Some(u.to_string());
+                b.url = Some(url.to_string());
                 b.sim = None;
+                if let Some(n) = name {
+                    b.name = n.to_string();
+                }
             }
             None => config.backends.push(super::Backend {
-                name: "default".into(),
-                url: Some(u.to_string()),
+                name: name.map_or_else(|| name_from_host(url), str::to_string),
+                url: Some(url.to_string()),
                 sim: None,
                 models: Vec::new(),
                 tokenizer: None,
                 headers: Default::default(),
                 price: Default::default(),
                 max_concurrency: None,
+                server_metrics: Default::default(),
             }),
         }
     }
@@ -442,6 +448,26 @@ fn read(path: Option<&PathBuf>, upstream: Option<&str>) -> Result<(Config, Strin
         tracing::warn!("config: {w}");
     }
     Ok((config, text))
+}
+
+/// `--upstream NAME=URL` or `--upstream URL`.
+fn split_upstream(arg: &str) -> (Option<&str>, &str) {
+    match arg.split_once('=') {
+        Some((name, url)) if !name.is_empty() && !name.contains([':', '/']) => (Some(name), url),
+        _ => (None, arg),
+    }
+}
+
+/// A backend named after its URL's host (`http://vllm-0.vllm:8000` → `vllm-0.vllm`), so that
+/// metrics and decisions say which server they are about; `default` when there is none.
+fn name_from_host(url: &str) -> String {
+    let host = url.parse::<http::Uri>().ok().and_then(|u| u.host().map(str::to_string)).unwrap_or_default();
+    let name: String = host
+        .trim_matches(['[', ']'])
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' })
+        .collect();
+    if name.is_empty() { "default".into() } else { name }
 }
 
 /// Reload on any change in the config file's directory (Kubernetes swaps a ConfigMap by
@@ -498,4 +524,23 @@ pub fn spawn_reloader(handle: Arc<ConfigHandle>) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_argument_names_the_backend() {
+        assert_eq!(split_upstream("vllm=http://10.0.0.7:8000"), (Some("vllm"), "http://10.0.0.7:8000"));
+        assert_eq!(split_upstream("http://h:1/a=b"), (None, "http://h:1/a=b"));
+        assert_eq!(name_from_host("http://vllm-0.vllm.ns:8000"), "vllm-0.vllm.ns");
+        assert_eq!(name_from_host("http://127.0.0.1:8021"), "127.0.0.1");
+        assert_eq!(name_from_host("http://[::1]:8021"), "__1");
+        assert_eq!(name_from_host("not a url"), "default");
+        let (c, _) = read(None, Some("http://vllm:8000")).unwrap();
+        assert_eq!(c.backends[0].name, "vllm");
+        let (c, _) = read(None, Some("gpu-a=http://vllm:8000")).unwrap();
+        assert_eq!(c.backends[0].name, "gpu-a");
+    }
 }

@@ -81,6 +81,13 @@ pub struct Metrics {
     pub window_goodput_tokens: GaugeVec,
     pub window_quality_pass_rate: GaugeVec,
     pub window_index: GaugeVec,
+    /// What each upstream server reports on its own /metrics (route::server reads it).
+    pub server_waiting: GaugeVec,
+    pub server_running: GaugeVec,
+    pub server_kv_cache_usage: GaugeVec,
+    pub server_prefix_hit_ratio: GaugeVec,
+    pub server_preemptions: CounterVec,
+    pub server_metrics_up: GaugeVec,
     /// Client connections open now (limits.max_connections bounds it).
     pub client_connections: prometheus::IntGauge,
     /// Requests or connections the proxy refused on a limit, by reason.
@@ -399,6 +406,48 @@ impl Metrics {
                 "Requests sent to the backend and not finished (what max_concurrency and the tie-break read).",
                 &["backend"],
             ),
+            server_waiting: gauge(
+                &reg,
+                "goodput_server_requests_waiting",
+                "The upstream server's own queue: requests waiting to be scheduled (vllm:num_requests_waiting), read from its /metrics.",
+                &["backend"],
+            ),
+            server_running: gauge(
+                &reg,
+                "goodput_server_requests_running",
+                "Requests in the upstream server's running batch (vllm:num_requests_running).",
+                &["backend"],
+            ),
+            server_kv_cache_usage: gauge(
+                &reg,
+                "goodput_server_kv_cache_usage_ratio",
+                "The upstream server's KV-cache usage, 0-1 (vllm:kv_cache_usage_perc; the fullest engine).",
+                &["backend"],
+            ),
+            server_prefix_hit_ratio: gauge(
+                &reg,
+                "goodput_server_prefix_cache_hit_ratio",
+                "Prefix-cache hits / queries (in tokens) of the upstream server over the last minute; absent without queries.",
+                &["backend"],
+            ),
+            server_preemptions: {
+                let c = CounterVec::new(
+                    Opts::new(
+                        "goodput_server_preemptions_total",
+                        "Sequences the upstream server preempted for lack of KV-cache blocks (increase of vllm:num_preemptions_total while goodput watched).",
+                    ),
+                    &["backend"],
+                )
+                .expect("valid counter");
+                reg.register(Box::new(c.clone())).expect("unique metric");
+                c
+            },
+            server_metrics_up: gauge(
+                &reg,
+                "goodput_server_metrics_up",
+                "1 while the upstream server's /metrics answers with vLLM's metrics, 0 when it stopped answering (the goodput_server_* gauges are then removed, not left stale).",
+                &["backend"],
+            ),
             circuit_state: gauge(
                 &reg,
                 "goodput_backend_circuit_state",
@@ -482,6 +531,28 @@ impl Metrics {
     }
 
     /// Refresh the gauges read from the process and the runtime, just before a scrape.
+    /// A backend's server state as the last scrape gave it; `None` removes the gauges.
+    pub fn set_server(&self, backend: &str, view: Option<&crate::route::server::ServerView>, preempted: f64) {
+        let gauges = [
+            (&self.server_waiting, view.and_then(|v| v.reading.waiting)),
+            (&self.server_running, view.and_then(|v| v.reading.running)),
+            (&self.server_kv_cache_usage, view.and_then(|v| v.reading.kv_cache_usage)),
+            (&self.server_prefix_hit_ratio, view.and_then(|v| v.prefix_cache_hit_ratio)),
+        ];
+        for (g, x) in gauges {
+            match x {
+                Some(x) => g.with_label_values(&[backend]).set(x),
+                None => {
+                    let _ = g.remove_label_values(&[backend]);
+                }
+            }
+        }
+        if view.is_some_and(|v| v.reading.preemptions.is_some()) {
+            self.server_preemptions.with_label_values(&[backend]).inc_by(preempted);
+        }
+        self.server_metrics_up.with_label_values(&[backend]).set(f64::from(u8::from(view.is_some())));
+    }
+
     pub fn refresh_process(&self) {
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             self.runtime_alive_tasks.set(h.metrics().num_alive_tasks() as i64);

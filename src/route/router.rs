@@ -19,6 +19,8 @@ use crate::meter::window::WindowSnapshot;
 pub struct BackendState {
     outstanding: AtomicU64,
     breaker: Mutex<Breaker>,
+    /// What the server reports about itself (route::server keeps it current).
+    pub server: super::server::ServerSignals,
 }
 
 impl BackendState {
@@ -26,6 +28,7 @@ impl BackendState {
         Arc::new(BackendState {
             outstanding: AtomicU64::new(0),
             breaker: Mutex::new(Breaker::new(cfg, Instant::now())),
+            server: Default::default(),
         })
     }
 

@@ -3,6 +3,7 @@
 
 pub mod llama;
 pub mod prom;
+pub mod vllm;
 
 use bytes::Bytes;
 use http::{HeaderMap, Request, Response, StatusCode};
@@ -297,7 +298,12 @@ pub async fn spawn_canned(routes: Vec<(&'static str, Canned)>) -> (SocketAddr, S
                         let path = req.uri().path().to_string();
                         let (parts, body) = req.into_parts();
                         let body = body.collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-                        let probe = parts.headers.get("user-agent").is_some_and(|v| v == "goodput-readiness");
+                        // goodput's own requests (readiness, /metrics and /v1/models polls)
+                        // are not the traffic under test.
+                        let probe = parts
+                            .headers
+                            .get("user-agent")
+                            .is_some_and(|v| v == "goodput-readiness" || v == "goodput-watch");
                         if !probe {
                             seen.requests.lock().unwrap().push((path.clone(), parts.headers, body));
                         }
@@ -382,10 +388,44 @@ where
     let f = Arc::new(f);
     tokio::spawn(async move {
         while let Ok((s, _)) = l.accept().await {
-            tokio::spawn(f(s));
+            let f = f.clone();
+            tokio::spawn(async move {
+                let mut s = s;
+                if is_watch(&s).await {
+                    use tokio::io::AsyncWriteExt;
+                    let _ = s
+                        .write_all(
+                            b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                    return;
+                }
+                f(s).await
+            });
         }
     });
     addr
+}
+
+/// goodput's own polls of an upstream (`/metrics`, `/v1/models`) are answered 404 here, so
+/// that a raw upstream's handler sees only the traffic under test: such a poll is found by
+/// peeking at the head without taking it off the socket.
+async fn is_watch(s: &tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        let n = match tokio::time::timeout(Duration::from_millis(50), s.peek(&mut buf)).await {
+            Ok(Ok(n)) => n,
+            Ok(Err(_)) => return false,
+            Err(_) => continue,
+        };
+        let head = String::from_utf8_lossy(&buf[..n]).to_ascii_lowercase();
+        if head.contains("\r\n\r\n") || n == buf.len() {
+            return head.contains("user-agent: goodput-watch");
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    false
 }
 
 /// A complete HTTP/1.1 head at the front of `buf`: (its length less the blank line, the status

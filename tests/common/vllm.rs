@@ -1,0 +1,113 @@
+//! The real upstream goodput exists for: vLLM's CPU build serving SmolLM2-135M-Instruct as
+//! `smollm2`. `scripts/test.sh` starts it once for the whole run (`scripts/run-vllm.sh`; it
+//! takes minutes) and exports where it listens; the tests share it one at a time.
+
+use super::send;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+pub struct Vllm {
+    pub url: String,
+    pub addr: SocketAddr,
+    /// The venv's python: the openai SDK and prometheus_client come with vLLM.
+    pub python: PathBuf,
+    pub log: Option<PathBuf>,
+}
+
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// vLLM, once it answers, held for this test alone: its counters are read as deltas.
+pub async fn vllm() -> (tokio::sync::MutexGuard<'static, ()>, Vllm) {
+    let guard = ONE_AT_A_TIME.lock().await;
+    let get = |k: &str| {
+        std::env::var(k)
+            .unwrap_or_else(|_| panic!("{k} is not set: run the suite with scripts/test.sh (it starts vLLM)"))
+    };
+    let url = get("GOODPUT_VLLM_URL");
+    let addr: SocketAddr =
+        url.trim_start_matches("http://").parse().expect("GOODPUT_VLLM_URL is http://IP:PORT");
+    let python = PathBuf::from(get("GOODPUT_VLLM_VENV")).join("bin/python");
+    let log = std::env::var_os("GOODPUT_VLLM_LOG").map(PathBuf::from);
+    let v = Vllm { url, addr, python, log };
+    // Started at the beginning of the run, it compiles while the suite builds: wait for it.
+    let t = Instant::now();
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            let r = send(addr, http::Request::get("/v1/models").body(Default::default()).unwrap()).await;
+            if r.status == 200 {
+                return (guard, v);
+            }
+        }
+        assert!(t.elapsed() < Duration::from_secs(900), "vLLM did not start in 15 minutes: {}", v.tail());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+impl Vllm {
+    pub fn tail(&self) -> String {
+        let Some(p) = &self.log else { return "(no log)".into() };
+        let s = std::fs::read_to_string(p).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    /// Run tests/e2e/vllm_client.py in `mode` against vLLM and `proxy`; its JSON.
+    pub async fn client(&self, mode: &str, proxy: SocketAddr) -> serde_json::Value {
+        let (py, url, mode) = (self.python.clone(), self.url.clone(), mode.to_string());
+        let out = tokio::task::spawn_blocking(move || {
+            Command::new(py)
+                .arg("tests/e2e/vllm_client.py")
+                .args([&mode, &url, &format!("http://{proxy}")])
+                .output()
+                .unwrap()
+        })
+        .await
+        .unwrap();
+        assert!(
+            out.status.success(),
+            "client failed:\n{}\nvLLM:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.tail()
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    /// vLLM's own /metrics, one value per name (label sets summed; bucket series skipped).
+    pub async fn metrics(&self) -> std::collections::HashMap<String, f64> {
+        let r = send(self.addr, http::Request::get("/metrics").body(Default::default()).unwrap()).await;
+        let mut out = std::collections::HashMap::new();
+        for line in String::from_utf8_lossy(&r.body).lines() {
+            if line.starts_with('#') || line.contains("le=\"") {
+                continue;
+            }
+            let Some((series, v)) = line.rsplit_once(' ') else { continue };
+            let name = series.split('{').next().unwrap().to_string();
+            if let Ok(v) = v.parse::<f64>() {
+                *out.entry(name).or_insert(0.0) += v;
+            }
+        }
+        out
+    }
+
+    /// vLLM's histogram `name` as (upper bound, cumulative count) pairs, label sets summed.
+    pub async fn buckets(&self, name: &str) -> Vec<(f64, f64)> {
+        let r = send(self.addr, http::Request::get("/metrics").body(Default::default()).unwrap()).await;
+        let mut by_le: Vec<(f64, f64)> = Vec::new();
+        for line in String::from_utf8_lossy(&r.body).lines() {
+            if !line.starts_with(&format!("{name}_bucket{{")) {
+                continue;
+            }
+            let le = line.split("le=\"").nth(1).and_then(|s| s.split('"').next()).unwrap();
+            let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
+            let v: f64 = line.rsplit_once(' ').unwrap().1.parse().unwrap();
+            match by_le.iter_mut().find(|(l, _)| *l == le) {
+                Some(e) => e.1 += v,
+                None => by_le.push((le, v)),
+            }
+        }
+        by_le.sort_by(|a, b| a.0.total_cmp(&b.0));
+        by_le
+    }
+}

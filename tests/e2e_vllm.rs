@@ -1,0 +1,206 @@
+//! End to end with the server goodput exists for: vLLM's CPU build (SmolLM2-135M-Instruct)
+//! behind goodput, the official openai SDK in front, and vLLM's own /metrics as the reference
+//! for token counts and timing. `scripts/test.sh` starts vLLM once for the run; the tests here
+//! take it one at a time.
+
+mod common;
+
+use common::vllm::{Vllm, vllm};
+use common::*;
+use serde_json::Value;
+use std::time::{Duration, Instant};
+
+/// goodput in front of vLLM as a newcomer runs it: `--upstream URL`, no config. It names the
+/// backend after the host and learns the served model names from /v1/models.
+async fn goodput_before(v: &Vllm) -> Goodput {
+    let gp = Goodput::start_with("", &["--upstream", &v.url]);
+    let t = Instant::now();
+    loop {
+        let b = gp.admin_json("/admin/backends").await;
+        if b["backends"][0]["discovered_models"] == serde_json::json!(["smollm2"]) {
+            assert_eq!(b["backends"][0]["name"], "127.0.0.1");
+            return gp;
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "goodput did not learn the model names: {b}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn by_id(mut recs: Vec<Value>) -> Vec<Value> {
+    recs.sort_by_key(|r| r["id"].as_u64().unwrap());
+    recs
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Greedy outputs are identical directly and through goodput, and every stream event is the
+/// one vLLM sent, while goodput asked vLLM for usage the client did not ask for: the usage
+/// chunk is gone and the `system_fingerprint` vLLM moved onto it is back on the finish chunk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_outputs_and_streams_while_usage_is_injected() {
+    let (_one, v) = vllm().await;
+    let gp = goodput_before(&v).await;
+    let seen = v.client("identity", gp.proxy).await;
+    let cases = seen["cases"].as_array().unwrap();
+    let mut fingerprints = 0;
+    for c in cases {
+        let what = format!("{} stream={} usage={}", c["kind"], c["stream"], c["usage"]);
+        let (d, p) = (&c["direct"], &c["proxy"]);
+        assert!(!d["texts"][0].as_str().unwrap().is_empty(), "{what}: empty output");
+        assert_eq!(d["texts"], p["texts"], "{what}: the text differs through goodput");
+        if c["stream"] == true {
+            assert_eq!(d["events"], p["events"], "{what}: the stream differs through goodput");
+            assert_eq!(c["usage"] == true, !p["usage"].is_null(), "{what}: usage seen by the client");
+            fingerprints +=
+                p["events"].as_array().unwrap().iter().filter(|e| !e["system_fingerprint"].is_null()).count();
+        }
+    }
+    assert!(fingerprints >= 4, "vLLM sent no system_fingerprint: the comparison proves less than it should");
+
+    // goodput's records: usage it injected gives exact counts, equal to what vLLM reports
+    // when the client asks for it; the label is the served name it learnt.
+    let recs = by_id(gp.records(cases.len()).await);
+    for (c, r) in cases.iter().zip(&recs) {
+        assert_eq!(r["model"], "smollm2");
+        assert_eq!(r["backend"], "127.0.0.1");
+        assert_eq!(r["outcome"], "ok");
+        assert_eq!(r["completion_source"], "usage", "{r}");
+        if !c["direct"]["usage"].is_null() {
+            let u = &c["direct"]["usage"];
+            assert_eq!(r["completion_tokens"], u["completion_tokens"]);
+            assert_eq!(r["prompt_tokens"], u["prompt_tokens"]);
+        }
+    }
+    // Same greedy request streamed with and without the client's usage: same counts.
+    for k in [1, 4] {
+        assert_eq!(recs[k]["completion_tokens"], cases[k + 1]["proxy"]["usage"]["completion_tokens"]);
+    }
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_usage_chunks_removed_total", &[]), 2.0);
+
+    // vLLM's own state beside goodput's, read from its /metrics (every 500 ms): idle now.
+    let t = Instant::now();
+    let b = loop {
+        let b = gp.admin_json("/admin/backends").await;
+        if b["backends"][0]["server"]["running"] == 0.0 {
+            break b;
+        }
+        assert!(t.elapsed() < Duration::from_secs(3), "vLLM still runs requests? {b}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let server = &b["backends"][0]["server"];
+    assert_eq!(server["waiting"], 0.0, "{b}");
+    assert!(server["age_ms"].as_u64().unwrap() < 1500, "{b}");
+    let kv = server["kv_cache_usage"].as_f64().unwrap();
+    assert!((0.0..=1.0).contains(&kv));
+    // The prompts were looked up in vLLM's prefix cache (shorter than a block here: no hits).
+    assert!(server["prefix_cache_hit_ratio"].is_f64(), "{b}");
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_server_metrics_up", &[("backend", "127.0.0.1")]), 1.0);
+    assert_eq!(metric(&m, "goodput_server_requests_waiting", &[("backend", "127.0.0.1")]), 0.0);
+    assert!(m.contains("goodput_server_kv_cache_usage_ratio{backend=\"127.0.0.1\"}"));
+}
+
+/// goodput's token counts are vLLM's: its usage, and the change in its own counters, for one
+/// choice and for two (vLLM counts the prompt once per sequence).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_counts_equal_vllms_own() {
+    let (_one, v) = vllm().await;
+    let gp = goodput_before(&v).await;
+    let seen = v.client("counts", gp.proxy).await;
+    let cases = seen["cases"].as_array().unwrap();
+    let recs = by_id(gp.records(cases.len()).await);
+    for (c, r) in cases.iter().zip(&recs) {
+        let what = format!("n={} stream={}", c["n"], c["stream"]);
+        let n = c["n"].as_u64().unwrap();
+        assert_eq!(r["n"], n, "{what}");
+        assert_eq!(r["completion_source"], "usage", "{what}: {r}");
+        let completion = r["completion_tokens"].as_f64().unwrap();
+        let prompt = r["prompt_tokens"].as_f64().unwrap();
+        assert_eq!(
+            completion,
+            c["generation_tokens"].as_f64().unwrap(),
+            "{what}: vs vllm:generation_tokens_total"
+        );
+        assert_eq!(
+            prompt * n as f64,
+            c["prompt_tokens"].as_f64().unwrap(),
+            "{what}: vs vllm:prompt_tokens_total"
+        );
+        if c["stream"] == false {
+            assert_eq!(r["completion_tokens"], c["client"]["usage"]["completion_tokens"], "{what}");
+            assert_eq!(r["prompt_tokens"], c["client"]["usage"]["prompt_tokens"], "{what}");
+        } else {
+            assert!(c["client"]["usage"].is_null(), "{what}: the client got usage it did not ask for");
+        }
+        assert_eq!(c["client"]["texts"].as_array().unwrap().len() as u64, n);
+    }
+}
+
+/// goodput's clock against vLLM's (its TTFT and e2e histograms, one request at a time) and
+/// against the client's. vLLM's clock starts after its HTTP parsing and stops before the
+/// last chunk is written, so goodput is never earlier and a few ms later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timing_against_vllms_clock_and_the_clients() {
+    let (_one, v) = vllm().await;
+    let gp = goodput_before(&v).await;
+    let seen = v.client("timing", gp.proxy).await;
+    let runs = seen["runs"].as_array().unwrap();
+    let recs = by_id(gp.records(runs.len()).await);
+    let (mut ttft_gap, mut e2e_gap, mut client_gap) = (vec![], vec![], vec![]);
+    for (run, r) in runs.iter().zip(&recs) {
+        let f = |k: &str| run[k].as_f64().unwrap() * 1e3;
+        let (gp_ttft, gp_e2e) = (r["ttft"].as_f64().unwrap() * 1e3, r["e2e"].as_f64().unwrap() * 1e3);
+        eprintln!(
+            "TTFT vLLM {:.1} goodput {gp_ttft:.1} client {:.1} ms; e2e vLLM {:.1} goodput {gp_e2e:.1} client {:.1} ms",
+            f("vllm_ttft"),
+            f("client_ttft"),
+            f("vllm_e2e"),
+            f("client_e2e")
+        );
+        assert!(gp_ttft >= f("vllm_ttft"), "goodput saw the first token before vLLM made it");
+        assert!(gp_e2e >= f("vllm_e2e"), "goodput's request ended before vLLM's");
+        assert!(f("client_ttft") >= gp_ttft - 0.5, "the client saw the first token before goodput");
+        ttft_gap.push(gp_ttft - f("vllm_ttft"));
+        e2e_gap.push(gp_e2e - f("vllm_e2e"));
+        client_gap.push(f("client_ttft") - gp_ttft);
+    }
+    let (t, e, c) = (median(ttft_gap), median(e2e_gap), median(client_gap));
+    eprintln!(
+        "median gaps: TTFT goodput-vLLM {t:.2} ms, e2e goodput-vLLM {e:.2} ms, client-goodput TTFT {c:.2} ms"
+    );
+    assert!(t < 25.0, "goodput's TTFT is {t:.1} ms over vLLM's (median)");
+    assert!(e < 25.0, "goodput's e2e is {e:.1} ms over vLLM's (median)");
+    assert!(c < 10.0, "the client's TTFT is {c:.1} ms over goodput's (median)");
+}
+
+/// A client that hangs up: vLLM frees the request within a second (goodput drops the upstream
+/// connection, and vLLM aborts on it), and goodput's record says `cancelled`, with the tokens
+/// it forwarded: those vLLM generated less the few it made before the abort reached it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hang_up_frees_vllm_and_is_recorded_as_cancelled() {
+    let (_one, v) = vllm().await;
+    let gp = goodput_before(&v).await;
+    let seen = v.client("hangup", gp.proxy).await;
+    let freed = seen["freed_s"].as_f64().expect("vLLM still ran the request 10 s after the hang-up");
+    assert!(freed < 1.0, "vLLM freed the request {freed:.2} s after the hang-up");
+    let r = latest(&gp.records(1).await).clone();
+    assert_eq!(r["outcome"], "cancelled", "{r}");
+    let generated = seen["generation_tokens"].as_f64().unwrap();
+    let counted = r["completion_tokens"].as_f64().unwrap();
+    let tpot = r["itl_mean"].as_f64().unwrap();
+    eprintln!(
+        "hang-up: vLLM generated {generated}, goodput counted {counted} ({}), freed in {:.0} ms, ITL {:.1} ms",
+        r["completion_source"],
+        freed * 1e3,
+        tpot * 1e3
+    );
+    assert!(counted >= seen["chunks_read"].as_f64().unwrap());
+    assert!(counted <= generated, "goodput counted more than vLLM generated");
+    // What vLLM made between the hang-up and the abort: about freed / ITL tokens.
+    let slack = (freed / tpot).ceil() + 2.0;
+    assert!(generated - counted <= slack, "vLLM generated {generated}, goodput counted {counted}");
+}
