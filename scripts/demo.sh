@@ -1,34 +1,80 @@
 #!/usr/bin/env bash
-# Real-traffic demo: llama.cpp's server with SmolLM2-135M behind goodput, and a gentle stream
-# of varied requests (chat and completions, streaming or not) from the openai SDK.
-#   scripts/demo.sh            # until Ctrl-C
+# Real-traffic demo: vLLM's CPU build (or llama.cpp's server) serving SmolLM2-135M behind
+# goodput, with perplexity scoring and consistency checks on, and a gentle stream of varied
+# requests (chat and completions, streaming or not) from the openai SDK. The status page
+# (http://127.0.0.1:9464/status) fills with latency, goodput, vLLM's queue and KV cache, and
+# quality scores of real responses.
+#   scripts/demo.sh                      # vLLM, until Ctrl-C (its start-up takes minutes)
+#   DEMO_SERVER=llama scripts/demo.sh    # llama.cpp's server instead
 #   DEMO_REQUESTS=20 scripts/demo.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
+SERVER="${DEMO_SERVER:-vllm}"
 llm="$(scripts/setup-llm.sh | tail -1)"
 read -r VENV GGUF TOKDIR <<< "$llm"
+# The scorers' models: SmolLM2 in ONNX (perplexity) and all-MiniLM-L6-v2 (consistency), and
+# ONNX Runtime's library.
+MODEL_DIR="$(scripts/setup-models.sh | tail -1)"
+EMBED_DIR="$(scripts/setup-embeddings.sh | tail -1)"
+ORT="$(scripts/setup-onnxruntime.sh | tail -1)"
 cargo build --release --quiet
-LLM_PORT="${LLM_PORT:-8011}"
+PORT="${LLM_PORT:-8011}"
 PROXY="${PROXY:-127.0.0.1:8080}"
 ADMIN="${ADMIN:-127.0.0.1:9464}"
 mkdir -p target/demo
 
 pids=()
-trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT INT TERM
-LLM_PORT="$LLM_PORT" scripts/run-llm.sh > target/demo/llama.log 2>&1 &
-pids+=($!)
+trap 'for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null; done; true' EXIT INT TERM
+case "$SERVER" in
+  vllm)
+    read -r VLLM_VENV _ <<< "$(scripts/setup-vllm.sh | tail -1)"
+    VENV="$VLLM_VENV"
+    VLLM_PORT="$PORT" setsid scripts/run-vllm.sh > target/demo/vllm.log 2>&1 &
+    pids+=($!)
+    # The served model name comes from vLLM's /v1/models; usage comes in its answers.
+    BACKEND="  - name: vllm
+    url: http://127.0.0.1:$PORT"
+    ;;
+  llama)
+    LLM_PORT="$PORT" setsid scripts/run-llm.sh > target/demo/llama.log 2>&1 &
+    pids+=($!)
+    # llama.cpp's server sends no usage in streams: goodput counts with the tokenizer.
+    BACKEND="  - name: llama-cpp
+    url: http://127.0.0.1:$PORT
+    models: [smollm2]
+    tokenizer: $TOKDIR/tokenizer.json"
+    ;;
+  *) echo "DEMO_SERVER is vllm or llama" >&2; exit 2 ;;
+esac
+echo "demo: starting $SERVER on 127.0.0.1:$PORT (logs in target/demo/)" >&2
+for i in $(seq 1200); do
+  curl -fs "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1 && break
+  [ $((i % 100)) -eq 0 ] && echo "demo: $SERVER still starting ($((i / 5)) s)" >&2
+  sleep 0.2
+done
 cat > target/demo/goodput.yaml <<YAML
 listen: $PROXY
 admin_listen: $ADMIN
 backends:
-  - name: llama-cpp
-    url: http://127.0.0.1:$LLM_PORT
-    models: [smollm2]
-    tokenizer: $TOKDIR/tokenizer.json
+$BACKEND
 slo:
   ttft_ms: 500
-  tpot_ms: 50
+  tpot_ms: 80
   e2e_ms: 10000
+quality:
+  # A demo scores half the responses; production samples a few percent.
+  sample_rate: 0.5
+  max_cpu: 0.5
+  perplexity:
+    model_dir: $MODEL_DIR
+    onnxruntime: $ORT
+  consistency:
+    sample_rate: 0.2
+    samples: 3
+    max_tokens: 64
+    methods: [embedding, unigram]
+    embedding_model_dir: $EMBED_DIR
+    max_token_share: 0.5
 YAML
 target/release/goodput serve --config target/demo/goodput.yaml > target/demo/goodput.out 2> target/demo/goodput.log &
 pids+=($!)
@@ -42,6 +88,7 @@ goodput is serving real traffic:
   metrics  http://$ADMIN/metrics
   records  http://$ADMIN/admin/records?limit=5
   windows  http://$ADMIN/admin/backends
+  status   http://$ADMIN/status
   logs     target/demo/
 TXT
 "$VENV/bin/python" - "http://$PROXY/v1" "${DEMO_REQUESTS:-0}" <<'PY'

@@ -204,3 +204,119 @@ async fn a_hang_up_frees_vllm_and_is_recorded_as_cancelled() {
     let slack = (freed / tpot).ceil() + 2.0;
     assert!(generated - counted <= slack, "vLLM generated {generated}, goodput counted {counted}");
 }
+
+/// Drive vLLM past its capacity with `goodput bench` (open loop) through goodput: vLLM's queue
+/// grows and TTFT with it, goodput sees the queue on vLLM's /metrics as it forms, its SLO
+/// attainment falls, and its TTFT p95 agrees with vLLM's own histogram. vLLM runs here with
+/// --max-num-seqs 4 (scripts/test.sh), so that two cores queue within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queueing_seen_the_way_vllm_sees_it() {
+    let (_one, v) = vllm().await;
+    let gp = Goodput::start_with("slo:\n  ttft_ms: 1000\n", &["--upstream", &v.url]);
+    let dir = temp_dir("queue");
+    let bench = |rate: f64, n: usize, label: &str| {
+        let json = dir.join(format!("{n}.json"));
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_goodput"))
+            .args(["bench", "--target", &format!("http://{}", gp.proxy), "--model", "smollm2"])
+            .args(["--rate", &rate.to_string(), "--num-requests", &n.to_string()])
+            .args(["--input-len", "32", "--output-len", "24", "--ignore-eos", "--quiet"])
+            .args(["--goodput", "ttft:1000", "--label", label, "--json"])
+            .arg(&json)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        (child, json)
+    };
+    let queue_time = "vllm:request_queue_time_seconds_sum";
+
+    // Light load: no queue.
+    let before = v.metrics().await;
+    let (mut light, light_json) = bench(0.5, 6, "0.5 req/s");
+    assert!(tokio::task::spawn_blocking(move || light.wait()).await.unwrap().unwrap().success());
+    let mid = v.metrics().await;
+    let light_queued = mid[queue_time] - before[queue_time];
+
+    // Past capacity, watching vLLM's queue directly and through goodput as it forms.
+    let ttft_before = v.buckets("vllm:time_to_first_token_seconds").await;
+    let (mut heavy, heavy_json) = bench(6.0, 36, "6 req/s");
+    let (mut seen_by_goodput, mut seen_by_vllm) = (0.0f64, 0.0f64);
+    while heavy.try_wait().unwrap().is_none() {
+        let b = gp.admin_json("/admin/backends").await;
+        seen_by_goodput = seen_by_goodput.max(b["backends"][0]["server"]["waiting"].as_f64().unwrap_or(0.0));
+        seen_by_vllm = seen_by_vllm.max(v.metrics().await["vllm:num_requests_waiting"]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(heavy.wait().unwrap().success());
+    let after = v.metrics().await;
+    let ttft_after = v.buckets("vllm:time_to_first_token_seconds").await;
+    let heavy_queued = after[queue_time] - mid[queue_time];
+    eprintln!(
+        "queue: max waiting {seen_by_vllm} (vLLM) {seen_by_goodput} (goodput's view); \
+         queue time {light_queued:.2} s light, {heavy_queued:.2} s heavy"
+    );
+    assert!(seen_by_vllm >= 4.0, "vLLM never queued: {seen_by_vllm}");
+    assert!(seen_by_goodput >= 2.0, "goodput never saw vLLM's queue: {seen_by_goodput}");
+    assert!(heavy_queued > 10.0 * light_queued.max(0.1), "queue time {heavy_queued} vs {light_queued}");
+
+    // goodput's records: TTFT rises and SLO attainment falls with the queue.
+    let recs = by_id(gp.records(42).await);
+    let (light_r, heavy_r) = recs.split_at(6);
+    let ttfts = |rs: &[Value]| rs.iter().map(|r| r["ttft"].as_f64().unwrap()).collect::<Vec<_>>();
+    let met = |rs: &[Value]| rs.iter().filter(|r| r["slo_met"] == true).count() as f64 / rs.len() as f64;
+    let (l, h) = (median(ttfts(light_r)), median(ttfts(heavy_r)));
+    eprintln!(
+        "TTFT median {l:.3} s light, {h:.3} s heavy; SLO attainment {} then {}",
+        met(light_r),
+        met(heavy_r)
+    );
+    assert!(h > 3.0 * l, "TTFT did not rise with the queue: {l} then {h}");
+    assert!(
+        met(light_r) >= 5.0 / 6.0 && met(heavy_r) < 0.5,
+        "attainment {} then {}",
+        met(light_r),
+        met(heavy_r)
+    );
+    let m = gp.metrics().await;
+    let slo = |n: &str| metric(&m, n, &[("backend", "127.0.0.1")]);
+    assert_eq!(slo("goodput_slo_judged_requests_total"), 42.0);
+    assert_eq!(
+        slo("goodput_slo_met_requests_total"),
+        recs.iter().filter(|r| r["slo_met"] == true).count() as f64
+    );
+
+    // TTFT p95 of the heavy phase: goodput's exact values against vLLM's histogram, whose
+    // bucket is the resolution (goodput's clock runs a few ms longer than vLLM's).
+    let count = |b: &[(f64, f64)]| b.last().unwrap().1;
+    let total = count(&ttft_after) - count(&ttft_before);
+    assert_eq!(total, 36.0, "vLLM saw other requests meanwhile");
+    let rank = (0.95 * total).ceil();
+    let (mut lo, mut hi) = (0.0, f64::INFINITY);
+    for (k, (le, c)) in ttft_after.iter().enumerate() {
+        if c - ttft_before[k].1 >= rank {
+            hi = *le;
+            break;
+        }
+        lo = *le;
+    }
+    let mut mine = ttfts(heavy_r);
+    mine.sort_by(f64::total_cmp);
+    let p95 = mine[rank as usize - 1];
+    eprintln!("TTFT p95: goodput {p95:.3} s, vLLM's histogram ({lo}, {hi}]");
+    assert!(p95 > lo && p95 <= hi + 0.025, "goodput's TTFT p95 {p95} is outside vLLM's bucket ({lo}, {hi}]");
+
+    // The picture for the docs: both runs' latency CDFs.
+    let plot =
+        std::env::var("GOODPUT_QUEUE_PLOT").map(std::path::PathBuf::from).unwrap_or(dir.join("queue.png"));
+    let st = std::process::Command::new(env!("CARGO_BIN_EXE_goodput"))
+        .arg("bench")
+        .arg("--results")
+        .arg(&light_json)
+        .arg("--results")
+        .arg(&heavy_json)
+        .arg("--plot")
+        .arg(&plot)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(std::fs::read(&plot).unwrap().starts_with(b"\x89PNG"));
+}
