@@ -132,11 +132,35 @@ def overview():
         "short",
         description="Goodput: output tokens/s of requests that met every latency SLO of their class.",
     )
+    # SLO attainment beside the server's own queue and KV cache (vLLM's /metrics, read by
+    # goodput per backend), so that a breach shows its cause on the same row.
     b.panel(
         "SLO attainment",
         [(f"sum by (backend) (rate(goodput_slo_met_requests_total{{{SEL}}}[{RI}])) / sum by (backend) (rate(goodput_slo_judged_requests_total{{{SEL}}}[{RI}]))", "{{backend}}")],
         "percentunit",
+        w=8,
         description="Share of judged requests (all but client cancellations) that met every SLO.",
+    )
+    b.panel(
+        "Server queue and batch (vLLM)",
+        [
+            ('sum by (backend) (goodput_server_requests_waiting{backend=~"$backend"})', "waiting {{backend}}"),
+            ('sum by (backend) (goodput_server_requests_running{backend=~"$backend"})', "running {{backend}}"),
+        ],
+        "short",
+        w=8,
+        description="vllm:num_requests_waiting and vllm:num_requests_running as goodput reads them from each backend's /metrics. A queue that grows while attainment falls: the backend is past its capacity (vLLM's --max-num-seqs or its KV cache).",
+    )
+    b.panel(
+        "KV cache and prefix-cache hits (vLLM)",
+        [
+            ('max by (backend) (goodput_server_kv_cache_usage_ratio{backend=~"$backend"})', "KV cache used {{backend}}"),
+            ('max by (backend) (goodput_server_prefix_cache_hit_ratio{backend=~"$backend"})', "prefix hits {{backend}}"),
+            ('sum by (backend) (rate(goodput_server_preemptions_total{backend=~"$backend"}[$__rate_interval]))', "preemptions/s {{backend}}"),
+        ],
+        "percentunit",
+        w=8,
+        description="KV-cache usage (vllm:kv_cache_usage_perc), the share of prompt tokens found in vLLM's prefix cache over the last minute, and preemptions (sequences evicted for lack of KV blocks: near 100% usage they cost recomputation and latency).",
     )
     b.panel(
         "Goodput / throughput (recorded, 5m)",

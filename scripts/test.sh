@@ -24,7 +24,8 @@ VLLM_PORT="$GOODPUT_VLLM_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-s
 VLLM_PID=$!
 # vLLM's engine runs in a child process: stop the whole group, politely first.
 trap 'kill -TERM -- -$VLLM_PID 2>/dev/null; sleep 3; kill -KILL -- -$VLLM_PID 2>/dev/null; true' EXIT
-export GOODPUT_VLLM_VENV GOODPUT_VLLM_LOG GOODPUT_VLLM_URL="http://127.0.0.1:$GOODPUT_VLLM_PORT"
+export GOODPUT_VLLM_VENV GOODPUT_VLLM_LOG GOODPUT_VLLM_PID="$VLLM_PID" \
+  GOODPUT_VLLM_URL="http://127.0.0.1:$GOODPUT_VLLM_PORT"
 # The reference LM for perplexity (SmolLM2 converted to ONNX, seconds once the above is cached)
 # and ONNX Runtime's library from the onnxruntime wheel.
 GOODPUT_MODEL_DIR="$(scripts/setup-models.sh | tail -1)"

@@ -52,7 +52,8 @@ pub struct ServeArgs {
     /// Admin listen address (overrides the config's `admin_listen`).
     #[arg(long)]
     pub admin_listen: Option<String>,
-    /// Upstream base URL (replaces the first backend's URL).
+    /// Upstream base URL, `URL` or `NAME=URL` (replaces the first backend's URL, or makes the
+    /// only backend, named NAME or after the URL's host).
     #[arg(long)]
     pub upstream: Option<String>,
     /// Bearer token for /admin/* (overrides the config's `admin_token`). Prefer the

@@ -52,12 +52,58 @@ fn has_finite(v: &serde_json::Value) -> bool {
         })
 }
 
+/// A test double of vLLM's /metrics only (the real one is read in tests/e2e_vllm.rs): the
+/// server panels need a backend that reports a queue, a KV cache and prefix-cache lookups.
+async fn vllm_metrics_double() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    let scrapes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            let scrapes = scrapes.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |_req| {
+                    let n = scrapes.fetch_add(1, Ordering::Relaxed) as f64;
+                    let page = format!(
+                        "# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{{engine=\"0\"}} {}\n\
+                         # TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{{engine=\"0\"}} 4.0\n\
+                         # TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc{{engine=\"0\"}} 0.6\n\
+                         # TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{{engine=\"0\"}} {}\n\
+                         # TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{{engine=\"0\"}} {}\n\
+                         # TYPE vllm:num_preemptions_total counter\nvllm:num_preemptions_total{{engine=\"0\"}} {}\n",
+                        n % 5.0,
+                        100.0 * n,
+                        30.0 * n,
+                        n
+                    );
+                    async move {
+                        Ok::<_, std::convert::Infallible>(
+                            http::Response::builder()
+                                .header("content-type", "text/plain; version=0.0.4")
+                                .body(http_body_util::Full::new(bytes::Bytes::from(page)))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(s), svc)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_dashboard_expression_returns_data() {
     let (dir, ort) = reference_model();
+    let vllm = vllm_metrics_double().await;
     let gp = Goodput::start(&format!(
         r#"
 backends:
+  - name: vllm
+    url: http://{vllm}
+    models: [m]
   - name: fast
     models: [m]
     sim: {{model: m, seed: 1, ttft_ms: 10, tpot_ms: 2, output_tokens: 16, quality: 1.0, error_rate: 0.03}}
@@ -71,8 +117,8 @@ classes:
   interactive: {{ttft_p95_ms: 100, max_perplexity: 200, objective: cheapest}}
   batch: {{objective: best-value}}
 routes:
-  - {{name: chat, match: {{path_prefix: /v1/chat}}, class: interactive}}
-  - {{name: legacy, match: {{path_prefix: /v1/completions}}, class: batch}}
+  - {{name: chat, match: {{path_prefix: /v1/chat}}, class: interactive, backends: [fast, cheap]}}
+  - {{name: legacy, match: {{path_prefix: /v1/completions}}, class: batch, backends: [fast, cheap]}}
 routing: {{exploration: 0.1, min_samples: 5, min_quality_samples: 3}}
 quality:
   sample_rate: 0.3

@@ -30,17 +30,30 @@ pub async fn vllm() -> (tokio::sync::MutexGuard<'static, ()>, Vllm) {
         url.trim_start_matches("http://").parse().expect("GOODPUT_VLLM_URL is http://IP:PORT");
     let python = PathBuf::from(get("GOODPUT_VLLM_VENV")).join("bin/python");
     let log = std::env::var_os("GOODPUT_VLLM_LOG").map(PathBuf::from);
+    let pid = std::env::var("GOODPUT_VLLM_PID").ok();
     let v = Vllm { url, addr, python, log };
-    // Started at the beginning of the run, it compiles while the suite builds: wait for it.
+    // Started at the beginning of the run, it compiles while the suite builds: wait for it,
+    // unless it died (then every test here fails at once, not after the timeout).
+    static GAVE_UP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    assert!(!GAVE_UP.load(std::sync::atomic::Ordering::Relaxed), "vLLM did not start (see the first test)");
     let t = Instant::now();
     loop {
+        if let Some(pid) = &pid
+            && !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        {
+            GAVE_UP.store(true, std::sync::atomic::Ordering::Relaxed);
+            panic!("vLLM exited:\n{}", v.tail());
+        }
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             let r = send(addr, http::Request::get("/v1/models").body(Default::default()).unwrap()).await;
             if r.status == 200 {
                 return (guard, v);
             }
         }
-        assert!(t.elapsed() < Duration::from_secs(900), "vLLM did not start in 15 minutes: {}", v.tail());
+        if t.elapsed() > Duration::from_secs(900) {
+            GAVE_UP.store(true, std::sync::atomic::Ordering::Relaxed);
+            panic!("vLLM did not start in 15 minutes:\n{}", v.tail());
+        }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
 }
