@@ -320,3 +320,45 @@ async fn queueing_seen_the_way_vllm_sees_it() {
     assert!(st.success());
     assert!(std::fs::read(&plot).unwrap().starts_with(b"\x89PNG"));
 }
+
+/// The Hugging Face model vLLM serves (scripts/models/gguf_to_hf.py) is the same model as the
+/// ONNX reference goodput scores with (scripts/models/gguf_to_onnx.py), both from one GGUF:
+/// vLLM's prompt logprobs of the test paragraph give the perplexity `goodput ppl` gives, each
+/// token conditioned on <|im_start|> as goodput's scorer conditions it. vLLM runs in bfloat16,
+/// the reference in float32.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllms_model_scores_the_paragraph_as_the_onnx_reference_does() {
+    let (_one, v) = vllm().await;
+    let text = std::fs::read_to_string("tests/fixtures/paragraph.txt").unwrap();
+    let body = serde_json::json!({
+        "model": "smollm2", "prompt": format!("<|im_start|>{text}"),
+        "max_tokens": 1, "temperature": 0, "prompt_logprobs": 0,
+    });
+    let r = send(v.addr, post_json("/v1/completions", &body.to_string())).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let j = r.json();
+    let lps = j["choices"][0]["prompt_logprobs"].as_array().expect("prompt_logprobs").clone();
+    assert!(lps[0].is_null(), "the first prompt token has no logprob");
+    let logprobs: Vec<f64> = lps[1..]
+        .iter()
+        .map(|t| {
+            let m = t.as_object().unwrap();
+            assert_eq!(m.len(), 1, "prompt_logprobs 0: only the prompt's own token");
+            m.values().next().unwrap()["logprob"].as_f64().unwrap()
+        })
+        .collect();
+    let ppl_vllm = (-logprobs.iter().sum::<f64>() / logprobs.len() as f64).exp();
+
+    let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run scripts/test.sh"));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_goodput"))
+        .args(["ppl", "--json", "--threads", "2", "--model", &env("GOODPUT_MODEL_DIR")])
+        .args(["--onnxruntime", &env("ORT_DYLIB_PATH"), "tests/fixtures/paragraph.txt"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "goodput ppl: {}", String::from_utf8_lossy(&out.stderr));
+    let ours: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let ppl_onnx = ours["token_perplexity"].as_f64().unwrap();
+    eprintln!("paragraph: vLLM {ppl_vllm:.4}, ONNX reference {ppl_onnx:.4} over {} tokens", logprobs.len());
+    assert_eq!(logprobs.len() as u64, ours["tokens"].as_u64().unwrap(), "vLLM tokenizes otherwise");
+    assert!((ppl_vllm / ppl_onnx - 1.0).abs() < 0.02, "vLLM {ppl_vllm} vs ONNX {ppl_onnx}");
+}
