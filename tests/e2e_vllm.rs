@@ -81,19 +81,19 @@ async fn identical_outputs_and_streams_while_usage_is_injected() {
     let m = gp.metrics().await;
     assert_eq!(metric(&m, "goodput_usage_chunks_removed_total", &[]), 2.0);
 
-    // vLLM's own state beside goodput's, read from its /metrics (every 500 ms): idle now.
+    // vLLM's own state beside goodput's, read from its /metrics (every second): idle now.
     let t = Instant::now();
     let b = loop {
         let b = gp.admin_json("/admin/backends").await;
         if b["backends"][0]["server"]["running"] == 0.0 {
             break b;
         }
-        assert!(t.elapsed() < Duration::from_secs(3), "vLLM still runs requests? {b}");
+        assert!(t.elapsed() < Duration::from_secs(4), "vLLM still runs requests? {b}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     let server = &b["backends"][0]["server"];
     assert_eq!(server["waiting"], 0.0, "{b}");
-    assert!(server["age_ms"].as_u64().unwrap() < 1500, "{b}");
+    assert!(server["age_ms"].as_u64().unwrap() < 2500, "{b}");
     let kv = server["kv_cache_usage"].as_f64().unwrap();
     assert!((0.0..=1.0).contains(&kv));
     // The prompts were looked up in vLLM's prefix cache (shorter than a block here: no hits).

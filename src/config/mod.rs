@@ -145,7 +145,7 @@ pub struct ServerMetrics {
 
 impl Default for ServerMetrics {
     fn default() -> Self {
-        ServerMetrics { enabled: true, interval_ms: 500, path: "/metrics".into() }
+        ServerMetrics { enabled: true, interval_ms: 1000, path: "/metrics".into() }
     }
 }
 
