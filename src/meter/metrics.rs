@@ -553,6 +553,20 @@ impl Metrics {
         self.server_metrics_up.with_label_values(&[backend]).set(f64::from(u8::from(view.is_some())));
     }
 
+    /// A backend whose server is no longer read: none of its `goodput_server_*` series.
+    pub fn remove_server(&self, backend: &str) {
+        for g in [
+            &self.server_waiting,
+            &self.server_running,
+            &self.server_kv_cache_usage,
+            &self.server_prefix_hit_ratio,
+            &self.server_metrics_up,
+        ] {
+            let _ = g.remove_label_values(&[backend]);
+        }
+        let _ = self.server_preemptions.remove_label_values(&[backend]);
+    }
+
     pub fn refresh_process(&self) {
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             self.runtime_alive_tasks.set(h.metrics().num_alive_tasks() as i64);

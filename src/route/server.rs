@@ -239,6 +239,10 @@ pub fn spawn_watcher(config: Arc<ConfigHandle>, metrics: Metrics, connector: cra
                 }
                 let cfg = snap.config.backends.iter().find(|c| *c.name == *b.name);
                 let Some(cfg) = cfg else { continue };
+                // Turned off by a reload: what it read last goes, not left to go stale.
+                if !cfg.server_metrics.enabled && b.state.server.view.swap(None).is_some() {
+                    metrics.remove_server(&b.name);
+                }
                 let (want_metrics, want_models) = {
                     let w = b.state.server.watch();
                     let due = |t: Option<Instant>| t.is_none_or(|t| now >= t);

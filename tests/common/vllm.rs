@@ -87,17 +87,32 @@ impl Vllm {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// vLLM's samples as (name, labels, value), parsed by the library goodput reads them with.
+    /// Only vLLM's own families go to the parser (the page also holds the Python process's).
+    async fn samples(&self) -> Vec<(String, Vec<(String, String)>, f64)> {
+        let r = send(self.addr, http::Request::get("/metrics").body(Default::default()).unwrap()).await;
+        let page = String::from_utf8_lossy(&r.body);
+        let mut text = String::new();
+        for l in page.lines().filter(|l| l.starts_with("vllm:") || l.starts_with("# TYPE vllm:")) {
+            text.push_str(l);
+            text.push('\n');
+        }
+        let (_, families) = nom_openmetrics::parser::prometheus(&text).expect("vLLM's /metrics parses");
+        families
+            .iter()
+            .flat_map(|f| &f.samples)
+            .map(|s| {
+                let labels = s.labels().iter().map(|l| (l.name.to_string(), l.value.clone())).collect();
+                (s.name().to_string(), labels, s.number())
+            })
+            .collect()
+    }
+
     /// vLLM's own /metrics, one value per name (label sets summed; bucket series skipped).
     pub async fn metrics(&self) -> std::collections::HashMap<String, f64> {
-        let r = send(self.addr, http::Request::get("/metrics").body(Default::default()).unwrap()).await;
         let mut out = std::collections::HashMap::new();
-        for line in String::from_utf8_lossy(&r.body).lines() {
-            if line.starts_with('#') || line.contains("le=\"") {
-                continue;
-            }
-            let Some((series, v)) = line.rsplit_once(' ') else { continue };
-            let name = series.split('{').next().unwrap().to_string();
-            if let Ok(v) = v.parse::<f64>() {
+        for (name, labels, v) in self.samples().await {
+            if !labels.iter().any(|(k, _)| k == "le") {
                 *out.entry(name).or_insert(0.0) += v;
             }
         }
@@ -106,15 +121,13 @@ impl Vllm {
 
     /// vLLM's histogram `name` as (upper bound, cumulative count) pairs, label sets summed.
     pub async fn buckets(&self, name: &str) -> Vec<(f64, f64)> {
-        let r = send(self.addr, http::Request::get("/metrics").body(Default::default()).unwrap()).await;
         let mut by_le: Vec<(f64, f64)> = Vec::new();
-        for line in String::from_utf8_lossy(&r.body).lines() {
-            if !line.starts_with(&format!("{name}_bucket{{")) {
+        for (n, labels, v) in self.samples().await {
+            if n != format!("{name}_bucket") {
                 continue;
             }
-            let le = line.split("le=\"").nth(1).and_then(|s| s.split('"').next()).unwrap();
+            let le = &labels.iter().find(|(k, _)| k == "le").expect("a bucket has le").1;
             let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap() };
-            let v: f64 = line.rsplit_once(' ').unwrap().1.parse().unwrap();
             match by_le.iter_mut().find(|(l, _)| *l == le) {
                 Some(e) => e.1 += v,
                 None => by_le.push((le, v)),
