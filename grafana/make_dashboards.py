@@ -316,6 +316,37 @@ def routing():
         "short",
     )
     b.panel(
+        "Pool: queue per endpoint (vLLM's waiting + running)",
+        [
+            ('sum by (backend, endpoint) (goodput_server_requests_waiting{backend=~"$backend"})', "{{backend}} {{endpoint}} waiting"),
+            ('sum by (backend, endpoint) (goodput_server_requests_running{backend=~"$backend"})', "{{backend}} {{endpoint}} running"),
+        ],
+        "short",
+        description="What each replica's own /metrics says; goodput's pool choices read it (and goodput's own outstanding count where it is higher or unknown).",
+    )
+    b.panel(
+        "Pool: KV cache and prefix-cache hits per endpoint",
+        [
+            ('max by (backend, endpoint) (goodput_server_kv_cache_usage_ratio{backend=~"$backend"})', "{{backend}} {{endpoint}} KV used"),
+            ('max by (backend, endpoint) (goodput_server_prefix_cache_hit_ratio{backend=~"$backend"})', "{{backend}} {{endpoint}} prefix hits"),
+        ],
+        "percentunit",
+    )
+    b.panel(
+        "Pool: endpoint choices/s by reason",
+        [(f'sum by (backend, endpoint, reason) (rate(goodput_endpoint_decisions_total{{backend=~"$backend"}}[{RI}]))', "{{endpoint}} {{reason}}")],
+        "reqps",
+        description="prefix_hit, least_queue, kv_headroom, lowest_latency, near_tie, fallback_unknown (no server signal: goodput's own counts), all_saturated, no_healthy_endpoint.",
+    )
+    b.panel(
+        "Pool: endpoints and requests outstanding",
+        [
+            ('goodput_pool_endpoints{backend=~"$backend"}', "{{backend}} endpoints"),
+            ('goodput_endpoint_outstanding_requests{backend=~"$backend"}', "{{backend}} {{endpoint}} outstanding"),
+        ],
+        "short",
+    )
+    b.panel(
         "Failovers and upstream errors",
         [
             (f'sum by (backend) (rate(goodput_route_decisions_total{{reason="failover"}}[{RI}])) or vector(0)', "failover to {{backend}}"),

@@ -41,7 +41,8 @@ VALUE_SETS = {
         "replicaCount": 3,
         "router": {
             "backends": [
-                {"name": "h100-70b", "url": "http://vllm-70b.llm:8000", "models": ["llama-70b"], "price": {"input_per_1m": 0.6, "output_per_1m": 1.8}, "max_concurrency": 256},
+                # A pool of replicas behind a headless Service: goodput picks the replica.
+                {"name": "h100-70b", "discovery": {"dns": "vllm-70b-headless.llm.svc.cluster.local", "port": 8000, "refresh_secs": 10}, "models": ["llama-70b"], "price": {"input_per_1m": 0.6, "output_per_1m": 1.8}, "max_concurrency": 256, "pool": {"max_waiting": 8}},
                 {"name": "l4-8b", "url": "http://vllm-8b.llm:8000", "models": ["llama-8b"], "price": {"input_per_1m": 0.05, "output_per_1m": 0.15}},
                 {"name": "a10-8b", "url": "http://vllm-8b-a10.llm:8000", "models": ["llama-8b"], "price": {"input_per_1m": 0.08, "output_per_1m": 0.2}},
             ]

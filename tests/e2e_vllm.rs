@@ -101,7 +101,7 @@ async fn identical_outputs_and_streams_while_usage_is_injected() {
     let m = gp.metrics().await;
     assert_eq!(metric(&m, "goodput_server_metrics_up", &[("backend", "127.0.0.1")]), 1.0);
     assert_eq!(metric(&m, "goodput_server_requests_waiting", &[("backend", "127.0.0.1")]), 0.0);
-    assert!(m.contains("goodput_server_kv_cache_usage_ratio{backend=\"127.0.0.1\"}"));
+    assert!(m.contains("goodput_server_kv_cache_usage_ratio{backend=\"127.0.0.1\",endpoint=\"127.0.0.1:"));
 }
 
 /// goodput's token counts are vLLM's: its usage, and the change in its own counters, for one

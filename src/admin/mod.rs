@@ -112,9 +112,45 @@ pub async fn handle(proxy: &Proxy, token: Option<&str>, req: Request<Incoming>) 
 /// The status page: one file, no build step, no CDN; it polls the JSON endpoints.
 const STATUS_PAGE: &str = include_str!("status.html");
 
+fn server_json(v: &crate::route::server::ServerView) -> serde_json::Value {
+    serde_json::json!({
+        "waiting": v.reading.waiting,
+        "running": v.reading.running,
+        "kv_cache_usage": v.reading.kv_cache_usage,
+        "prefix_cache_hit_ratio": v.prefix_cache_hit_ratio,
+        "preemptions": v.reading.preemptions,
+        "age_ms": v.at.elapsed().as_millis() as u64,
+    })
+}
+
+/// The pool's servers as one: queues and batches summed, the fullest KV cache, the mean hit
+/// ratio of those that report one.
+fn server_rollup(eps: &[std::sync::Arc<crate::route::Endpoint>]) -> Option<serde_json::Value> {
+    let views: Vec<_> = eps.iter().filter_map(|e| e.server.view()).collect();
+    if views.is_empty() {
+        return None;
+    }
+    if views.len() == 1 {
+        return Some(server_json(&views[0]));
+    }
+    let sum = |f: &dyn Fn(&crate::route::server::Reading) -> Option<f64>| {
+        views.iter().filter_map(|v| f(&v.reading)).reduce(|a, b| a + b)
+    };
+    let ratios: Vec<f64> = views.iter().filter_map(|v| v.prefix_cache_hit_ratio).collect();
+    Some(serde_json::json!({
+        "waiting": sum(&|r| r.waiting),
+        "running": sum(&|r| r.running),
+        "kv_cache_usage": views.iter().filter_map(|v| v.reading.kv_cache_usage).reduce(f64::max),
+        "prefix_cache_hit_ratio": (!ratios.is_empty()).then(|| ratios.iter().sum::<f64>() / ratios.len() as f64),
+        "preemptions": sum(&|r| r.preemptions),
+        "age_ms": views.iter().map(|v| v.at.elapsed().as_millis() as u64).max(),
+    }))
+}
+
 fn backends(proxy: &Proxy) -> serde_json::Value {
     let snap = proxy.config.load();
     let windows = proxy.recorder.shared.windows.load();
+    let endpoint_windows = proxy.recorder.shared.endpoint_windows.load();
     let remote = proxy.router.remote_stats();
     let list: Vec<serde_json::Value> = snap
         .backends
@@ -122,7 +158,7 @@ fn backends(proxy: &Proxy) -> serde_json::Value {
         .map(|b| {
             serde_json::json!({
                 "name": &*b.name,
-                "url": crate::config::redact_userinfo(&format!("{}{}", b.origin, b.base_path)),
+                "url": b.describe(),
                 "simulated": b.sim.is_some(),
                 "served_model": b.served_model.as_deref(),
                 "tokenizer": b.tokenizer.is_some(),
@@ -130,16 +166,24 @@ fn backends(proxy: &Proxy) -> serde_json::Value {
                 "max_concurrency": b.max_concurrency,
                 "outstanding": b.state.outstanding(),
                 "circuit": b.state.breaker_state(),
-                // The server's own view (vLLM's /metrics); null when unknown or not exported.
-                "server": b.state.server.view().map(|v| serde_json::json!({
-                    "waiting": v.reading.waiting,
-                    "running": v.reading.running,
-                    "kv_cache_usage": v.reading.kv_cache_usage,
-                    "prefix_cache_hit_ratio": v.prefix_cache_hit_ratio,
-                    "preemptions": v.reading.preemptions,
-                    "age_ms": v.at.elapsed().as_millis() as u64,
-                })),
-                "discovered_models": &**b.state.server.models(),
+                // The servers' own view (vLLM's /metrics), summed over the pool (the KV cache:
+                // the fullest); null when no endpoint's is known.
+                "server": server_rollup(&b.state.endpoints()),
+                "pool": b.is_pool.then(|| &b.pool),
+                "discovery": b.state.discovery.last(),
+                "endpoints": b.state.endpoints().iter().map(|e| serde_json::json!({
+                    "endpoint": &*e.label,
+                    "outstanding": e.outstanding(),
+                    "circuit": e.breaker_state(),
+                    "server": e.server.view().map(|v| server_json(&v)),
+                    "window": endpoint_windows.get(&*b.name).and_then(|w| w.get(&*e.label)).map(|w| serde_json::json!({
+                        "requests": w.counts.requests,
+                        "ttft_p95_s": w.ttft.p95,
+                        "e2e_p50_s": w.e2e.p50,
+                        "slo_attainment": w.slo_attainment,
+                    })),
+                })).collect::<Vec<_>>(),
+                "discovered_models": &**b.state.models.all(),
                 "window": windows.get(&*b.name),
                 "router_stats": remote.as_ref().and_then(|r| r.get(&*b.name)).cloned()
                     .or_else(|| windows.get(&*b.name).map(crate::route::router::stats_of)),
@@ -166,21 +210,27 @@ fn routes(proxy: &Proxy, limit: usize) -> serde_json::Value {
                 .iter()
                 .map(|c| {
                     let v = violations(&r.class, c, &snap.policy);
-                    let counts: serde_json::Map<String, serde_json::Value> = REASONS
+                    let counts = by_reason(&proxy.metrics.route_decisions, [&*r.name, &*c.name], REASONS);
+                    // Choices within the backend's pool, per endpoint and reason.
+                    let eps: serde_json::Map<String, serde_json::Value> = snap
+                        .backend(&c.name)
+                        .map(|b| b.state.endpoints())
+                        .unwrap_or_default()
                         .iter()
-                        .filter_map(|reason| {
-                            let n = proxy
-                                .metrics
-                                .route_decisions
-                                .get_metric_with_label_values(&[&*r.name, &*c.name, reason])
-                                .map(|m| m.get())
-                                .unwrap_or(0);
-                            (n > 0).then(|| (reason.to_string(), n.into()))
+                        .map(|e| {
+                            let by = by_reason(
+                                &proxy.metrics.endpoint_decisions,
+                                [&*c.name, &*e.label],
+                                POOL_REASONS,
+                            );
+                            (e.label.to_string(), by.into())
                         })
                         .collect();
                     serde_json::json!({
                         "backend": &*c.name,
                         "healthy": c.healthy,
+                        "saturated": c.saturated,
+                        "endpoint_decisions": eps,
                         "outstanding": c.outstanding,
                         "compliant": v.is_empty(),
                         "violations": v,
@@ -202,6 +252,7 @@ fn routes(proxy: &Proxy, limit: usize) -> serde_json::Value {
                 },
                 "objective": r.class.objective,
                 "rewrite_model": r.rewrite_model,
+                "shed": r.shed,
                 "backends": compliance,
                 "recent_decisions": recent,
             })
@@ -220,6 +271,34 @@ fn routes(proxy: &Proxy, limit: usize) -> serde_json::Value {
         "recent_decisions": decisions.iter().take(limit).collect::<Vec<_>>(),
     })
 }
+
+/// A decision counter's non-zero counts by reason, for the two labels before it.
+fn by_reason(
+    m: &prometheus::IntCounterVec,
+    labels: [&str; 2],
+    reasons: &[&str],
+) -> serde_json::Map<String, serde_json::Value> {
+    reasons
+        .iter()
+        .filter_map(|reason| {
+            let n =
+                m.get_metric_with_label_values(&[labels[0], labels[1], reason]).map(|m| m.get()).unwrap_or(0);
+            (n > 0).then(|| (reason.to_string(), n.into()))
+        })
+        .collect()
+}
+
+const POOL_REASONS: &[&str] = &[
+    "only_endpoint",
+    "prefix_hit",
+    "least_queue",
+    "kv_headroom",
+    "lowest_latency",
+    "near_tie",
+    "fallback_unknown",
+    "all_saturated",
+    "no_healthy_endpoint",
+];
 
 const REASONS: &[&str] = &[
     "cheapest",

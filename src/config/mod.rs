@@ -3,11 +3,13 @@
 //! The running config is an `ArcSwap<Config>`: the hot path loads a snapshot per request and
 //! never waits on a reload. An invalid reload is rejected and the old snapshot keeps serving.
 
+pub mod pool;
 pub mod quality;
 pub mod reload;
 pub mod route;
 pub mod routing;
 
+pub use pool::{Discovery, PoolSettings, PoolWeights, PrefixSettings};
 pub use quality::{ConsistencyConfig, Device, Method, PerplexityConfig, QualityConfig};
 pub use reload::{ConfigHandle, spawn_reloader};
 pub use route::{Route, RouteMatch};
@@ -104,9 +106,20 @@ impl Default for Config {
 pub struct Backend {
     /// Label value for metrics; unique.
     pub name: String,
-    /// Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000. Omit with `sim`.
+    /// Base URL of an OpenAI-compatible server, e.g. http://127.0.0.1:8000. Set one of `url`,
+    /// `endpoints`, `discovery` and `sim`.
     #[serde(default)]
     pub url: Option<String>,
+    /// A pool of replicas of one server, as base URLs: each request goes to one of them,
+    /// chosen by `pool`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
+    /// A pool of replicas found in DNS (a Kubernetes headless Service), kept current.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<Discovery>,
+    /// How a replica of the pool is chosen (`endpoints`, `discovery`).
+    #[serde(default)]
+    pub pool: PoolSettings,
     /// Run the simulated backend in-process instead of calling a server (demo and tests).
     #[serde(default)]
     pub sim: Option<SimConfig>,
@@ -137,7 +150,10 @@ pub struct Backend {
 #[serde(deny_unknown_fields, default)]
 pub struct ServerMetrics {
     pub enabled: bool,
-    pub interval_ms: u64,
+    /// Default: 500 ms for a pool (`endpoints`, `discovery`), whose choices read it, else
+    /// 1000 ms (a read costs vLLM's API server about 10 ms of CPU).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interval_ms: Option<u64>,
     /// Path on the backend's origin (not under its base path): vLLM serves `/metrics` at the
     /// root whatever prefix its API has.
     pub path: String,
@@ -145,7 +161,38 @@ pub struct ServerMetrics {
 
 impl Default for ServerMetrics {
     fn default() -> Self {
-        ServerMetrics { enabled: true, interval_ms: 1000, path: "/metrics".into() }
+        ServerMetrics { enabled: true, interval_ms: None, path: "/metrics".into() }
+    }
+}
+
+impl Backend {
+    /// Whether requests are spread over several replicas (then `pool` chooses).
+    pub fn is_pool(&self) -> bool {
+        self.discovery.is_some() || self.endpoints.len() > 1
+    }
+
+    /// How often the servers' `/metrics` are read.
+    pub fn server_metrics_interval(&self) -> std::time::Duration {
+        let ms = self.server_metrics.interval_ms.unwrap_or(if self.is_pool() { 500 } else { 1000 });
+        std::time::Duration::from_millis(ms)
+    }
+
+    /// A backend that sets nothing but a name and a URL (as `--upstream` makes one).
+    pub fn at(name: String, url: String) -> Backend {
+        Backend {
+            name,
+            url: Some(url),
+            endpoints: Vec::new(),
+            discovery: None,
+            pool: PoolSettings::default(),
+            sim: None,
+            models: Vec::new(),
+            tokenizer: None,
+            headers: Default::default(),
+            price: Default::default(),
+            max_concurrency: None,
+            server_metrics: Default::default(),
+        }
     }
 }
 
@@ -375,19 +422,64 @@ impl Config {
             if !names.insert(b.name.as_str()) {
                 err(format!("{p}.name"), format!("duplicate backend name `{}`", b.name));
             }
-            match (&b.url, &b.sim) {
-                (None, None) => err(p.clone(), "set `url` or `sim`".into()),
-                (Some(_), Some(_)) => err(p.clone(), "set only one of `url` and `sim`".into()),
-                (Some(u), None) => {
-                    if let Err(why) = check_upstream_url(u) {
-                        err(format!("{p}.url"), why);
-                    }
+            let set = [b.url.is_some(), !b.endpoints.is_empty(), b.discovery.is_some(), b.sim.is_some()];
+            match set.iter().filter(|x| **x).count() {
+                0 => err(p.clone(), "set `url`, `endpoints`, `discovery` or `sim`".into()),
+                1 => {}
+                _ => err(p.clone(), "set only one of `url`, `endpoints`, `discovery` and `sim`".into()),
+            }
+            if let Some(u) = &b.url
+                && let Err(why) = check_upstream_url(u)
+            {
+                err(format!("{p}.url"), why);
+            }
+            let mut seen = std::collections::HashSet::new();
+            for (k, u) in b.endpoints.iter().enumerate() {
+                if let Err(why) = check_upstream_url(u) {
+                    err(format!("{p}.endpoints[{k}]"), why);
+                } else if !seen.insert(endpoint_key(u)) {
+                    err(format!("{p}.endpoints[{k}]"), format!("`{u}` is listed twice"));
                 }
-                (None, Some(s)) => {
-                    if let Err((field, why)) = s.validate() {
-                        err(format!("{p}.sim.{field}"), why);
-                    }
+            }
+            if b.endpoints.len() > 1 {
+                let base =
+                    |u: &str| u.parse::<http::Uri>().map(|u| u.path().trim_end_matches('/').to_string()).ok();
+                if b.endpoints.iter().any(|u| base(u) != base(&b.endpoints[0])) {
+                    err(
+                        format!("{p}.endpoints"),
+                        "every endpoint must have the same path (replicas of one server)".into(),
+                    );
                 }
+            }
+            if let Some(d) = &b.discovery {
+                if d.dns.is_empty() || d.dns.contains(['/', ':', ' ']) {
+                    err(format!("{p}.discovery.dns"), format!("`{}` is not a DNS name", d.dns));
+                }
+                if d.port == 0 {
+                    err(format!("{p}.discovery.port"), "must be a port number".into());
+                }
+                if !(1..=86_400).contains(&d.refresh_secs) {
+                    err(format!("{p}.discovery.refresh_secs"), "must be between 1 and 86400".into());
+                }
+                if !matches!(d.scheme.as_str(), "http" | "https") {
+                    err(format!("{p}.discovery.scheme"), "must be http or https".into());
+                }
+                if let Some(ns) = &d.nameserver
+                    && ns.parse::<std::net::SocketAddr>().is_err()
+                {
+                    err(
+                        format!("{p}.discovery.nameserver"),
+                        format!("`{ns}` is not an address like 10.96.0.10:53"),
+                    );
+                }
+            }
+            for (field, why) in b.pool.problems() {
+                err(format!("{p}.pool.{field}"), why);
+            }
+            if let Some(s) = &b.sim
+                && let Err((field, why)) = s.validate()
+            {
+                err(format!("{p}.sim.{field}"), why);
             }
             if let Some(t) = &b.tokenizer
                 && !t.is_file()
@@ -402,7 +494,9 @@ impl Config {
                 err(format!("{p}.price"), "prices must be finite and >= 0".into());
             }
             let sm = &b.server_metrics;
-            if !(100..=3_600_000).contains(&sm.interval_ms) {
+            if let Some(ms) = sm.interval_ms
+                && !(100..=3_600_000).contains(&ms)
+            {
                 err(format!("{p}.server_metrics.interval_ms"), "must be between 100 and 3600000".into());
             }
             if !sm.path.starts_with('/') || http::uri::PathAndQuery::try_from(sm.path.as_str()).is_err() {
@@ -503,6 +597,16 @@ fn check_upstream_url(u: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// An endpoint's identity in the pool: its scheme and authority (`http://10.0.0.7:8000`).
+pub fn endpoint_key(u: &str) -> String {
+    match u.parse::<http::Uri>() {
+        Ok(uri) => {
+            format!("{}://{}", uri.scheme_str().unwrap_or("http"), uri.authority().map_or("", |a| a.as_str()))
+        }
+        Err(_) => u.to_string(),
+    }
+}
+
 pub fn redact_userinfo(u: &str) -> String {
     match (u.find("://"), u.find('@')) {
         (Some(s), Some(at)) if at > s => format!("{}<redacted>@{}", &u[..s + 3], &u[at + 1..]),
@@ -534,6 +638,48 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(old.startup_only_changes(&restart), ["listen", "quality.max_cpu", "quality.consistency"]);
+    }
+
+    #[test]
+    fn a_pool_is_a_list_or_a_dns_name_and_its_mistakes_are_named() {
+        let pool = |b: &str| Config::from_yaml(&format!("backends:\n  - name: p\n{b}"));
+        let c = pool("    endpoints: [http://10.0.0.1:8000, http://10.0.0.2:8000]\n").unwrap();
+        assert!(c.backends[0].is_pool());
+        assert_eq!(c.backends[0].server_metrics_interval(), std::time::Duration::from_millis(500));
+        assert!(!Config::from_yaml(MIN).unwrap().backends[0].is_pool());
+        assert_eq!(Config::from_yaml(MIN).unwrap().backends[0].server_metrics_interval().as_millis(), 1000);
+        let c = pool("    discovery: {dns: vllm.llm.svc.cluster.local, port: 8000}\n").unwrap();
+        assert_eq!(c.backends[0].discovery.as_ref().unwrap().refresh_secs, 10);
+        for (yaml, path, words) in [
+            ("    url: http://a:1\n    endpoints: [http://b:1]\n", "backends[0]", "only one of"),
+            ("    endpoints: [http://a:1, http://a:1/]\n", "backends[0].endpoints[1]", "listed twice"),
+            ("    endpoints: [http://a:1/v1, http://b:1]\n", "backends[0].endpoints", "same path"),
+            ("    endpoints: [a:1]\n", "backends[0].endpoints[0]", "scheme"),
+            ("    discovery: {dns: \"http://x\", port: 80}\n", "backends[0].discovery.dns", "not a DNS name"),
+            (
+                "    discovery: {dns: x, port: 80, nameserver: \"10.0.0.1\"}\n",
+                "backends[0].discovery.nameserver",
+                "address",
+            ),
+            (
+                "    discovery: {dns: x, port: 80, scheme: ftp}\n",
+                "backends[0].discovery.scheme",
+                "http or https",
+            ),
+            (
+                "    url: http://a:1\n    pool: {max_kv_cache: 1.5}\n",
+                "backends[0].pool.max_kv_cache",
+                "(0, 1]",
+            ),
+            (
+                "    url: http://a:1\n    pool: {weights: {prefix: -1}}\n",
+                "backends[0].pool.weights.prefix",
+                ">= 0",
+            ),
+        ] {
+            let e = pool(yaml).unwrap_err();
+            assert!(e.0.iter().any(|e| e.path == path && e.message.contains(words)), "{yaml}: {e}");
+        }
     }
 
     #[test]

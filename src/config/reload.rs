@@ -10,20 +10,19 @@ use std::time::Duration;
 use tokenizers::Tokenizer;
 
 use super::{Config, ConfigError, ConfigErrors};
-use crate::route::{BackendState, Class, Objective, Policy, Reason};
+use crate::route::{BackendState, Class, Endpoint, Objective, Policy, Reason};
 use crate::sim::{Sim, Sims};
 
 /// A backend as the hot path needs it: parsed once per config load, not per request.
 pub struct ResolvedBackend {
     pub name: Arc<str>,
-    /// scheme://authority, e.g. http://127.0.0.1:8000
-    pub origin: String,
-    /// Path prefix of the backend URL, without a trailing slash (usually empty).
+    /// Path prefix of the backend URL(s), without a trailing slash (usually empty). The
+    /// scheme and authority are each endpoint's (`state.endpoints()`), parsed once: upstream
+    /// URIs are built from these parts and the request's own path, never by joining strings.
     pub base_path: String,
-    /// The URL's scheme and authority, parsed once: upstream URIs are built from these parts
-    /// and the request's own path, never by joining strings.
-    pub scheme: http::uri::Scheme,
-    pub authority: http::uri::Authority,
+    /// A pool of replicas (`endpoints`, `discovery`): `pool` chooses one per request.
+    pub is_pool: bool,
+    pub pool: super::PoolSettings,
     models: HashMap<String, Arc<str>>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub headers: HeaderMap,
@@ -43,7 +42,7 @@ impl ResolvedBackend {
     /// The upstream URI of a request: this backend's scheme, authority and base path, then the
     /// client's path and query. Only origin-form targets (`/...`) are accepted, so that no
     /// client target can change where the request goes.
-    pub fn uri(&self, target: &http::uri::PathAndQuery) -> Result<http::Uri, String> {
+    pub fn uri(&self, e: &Endpoint, target: &http::uri::PathAndQuery) -> Result<http::Uri, String> {
         if !target.as_str().starts_with('/') {
             return Err(format!("request target {target} is not origin-form"));
         }
@@ -54,8 +53,8 @@ impl ResolvedBackend {
                 .map_err(|e| e.to_string())?
         };
         http::Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(self.authority.clone())
+            .scheme(e.scheme.clone())
+            .authority(e.authority.clone())
             .path_and_query(pq)
             .build()
             .map_err(|e| e.to_string())
@@ -63,7 +62,7 @@ impl ResolvedBackend {
 
     /// Bounded label value for a requested model name.
     pub fn serves(&self, model: &str) -> bool {
-        self.models.contains_key(model) || self.state.server.model(model).is_some()
+        self.models.contains_key(model) || self.state.models.get(model).is_some()
     }
 
     pub fn model_label(&self, requested: Option<&str>) -> Arc<str> {
@@ -76,9 +75,25 @@ impl ResolvedBackend {
             Some(m) => match self.models.get(m) {
                 Some(l) => l.clone(),
                 // Names the server listed on /v1/models (bounded), when the config lists none.
-                None => self.state.server.model(m).unwrap_or_else(|| OTHER.with(Arc::clone)),
+                None => self.state.models.get(m).unwrap_or_else(|| OTHER.with(Arc::clone)),
             },
         }
+    }
+
+    /// Where the backend is, for people: its URL, or its pool's endpoints.
+    pub fn describe(&self) -> String {
+        let eps = self.state.endpoints();
+        let urls: Vec<String> =
+            eps.iter().map(|e| format!("{}://{}{}", e.scheme, e.authority, self.base_path)).collect();
+        crate::config::redact_userinfo(&urls.join(", "))
+    }
+
+    /// An endpoint for goodput's own requests (readiness, shadow re-samples): the least
+    /// loaded one whose breaker is closed, else the first.
+    pub fn any_endpoint(&self) -> Option<Arc<Endpoint>> {
+        let eps = self.state.endpoints();
+        let now = std::time::Instant::now();
+        eps.iter().filter(|e| e.healthy(now)).min_by_key(|e| e.outstanding()).or_else(|| eps.first()).cloned()
     }
 }
 
@@ -102,6 +117,8 @@ pub struct ResolvedRoute {
     pub candidates: Vec<usize>,
     pub sample_rate: f64,
     pub rewrite_model: bool,
+    /// The class sheds load when its every endpoint is saturated (`SlaClass::shed`).
+    pub shed: bool,
     /// Per-request judgement: the class's bounds where set, else the global `slo`.
     pub slo: super::Slo,
     /// `goodput_route_decisions_total` per candidate and reason (`k * Reason::COUNT +
@@ -154,6 +171,7 @@ impl Snapshot {
                 candidates,
                 sample_rate: r.and_then(|r| r.sample_rate).unwrap_or(config.quality.sample_rate),
                 rewrite_model: r.is_some_and(|r| r.rewrite_model),
+                shed: sla.is_some_and(|c| c.shed),
                 slo,
                 decided,
             }
@@ -297,8 +315,8 @@ impl ConfigHandle {
                 ConfigErrors(vec![ConfigError { path: format!("backends[{i}]{field}"), message }])
             };
             let mut sim_handle = None;
-            let url = match (&b.url, &b.sim) {
-                (Some(u), _) => u.clone(),
+            let urls: Vec<String> = match (&b.url, &b.sim) {
+                (Some(u), _) => vec![u.clone()],
                 (None, Some(sc)) => {
                     // Started before resolution (`start_sims`); resolving may change its settings.
                     let (addr, sim) = self
@@ -309,16 +327,25 @@ impl ConfigHandle {
                         sim.set_config(sc.clone());
                     }
                     sim_handle = Some(sim);
-                    format!("http://{addr}")
+                    vec![format!("http://{addr}")]
                 }
-                (None, None) => return Err(err("", "set `url` or `sim`".into())),
+                (None, None) => b.endpoints.clone(),
             };
-            let uri: http::Uri = url.parse().map_err(|e| err(".url", format!("{e}")))?;
-            let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
-            let authority =
-                uri.authority().cloned().ok_or_else(|| err(".url", "the URL has no host".into()))?;
-            let origin = format!("{scheme}://{authority}");
-            let base_path = uri.path().trim_end_matches('/').to_string();
+            let mut addrs = Vec::with_capacity(urls.len());
+            let mut base_path = String::new();
+            for (k, url) in urls.iter().enumerate() {
+                let field = if b.url.is_some() || b.sim.is_some() {
+                    ".url".to_string()
+                } else {
+                    format!(".endpoints[{k}]")
+                };
+                let uri: http::Uri = url.parse().map_err(|e| err(&field, format!("{e}")))?;
+                let scheme = uri.scheme().cloned().unwrap_or(http::uri::Scheme::HTTP);
+                let authority =
+                    uri.authority().cloned().ok_or_else(|| err(&field, "the URL has no host".into()))?;
+                base_path = uri.path().trim_end_matches('/').to_string();
+                addrs.push((scheme, authority));
+            }
             let tokenizer = match &b.tokenizer {
                 None => None,
                 Some(p) => {
@@ -356,12 +383,35 @@ impl ConfigHandle {
                 }
                 None => BackendState::new(breaker),
             };
+            match &b.discovery {
+                None => {
+                    state.set_endpoints(addrs);
+                }
+                // A new pool (or one whose DNS settings changed) is looked up before it serves;
+                // a failure is not a config error (the name may have no ready pod yet).
+                Some(d)
+                    if state.discovery.last().is_none()
+                        || self
+                            .current
+                            .load()
+                            .config
+                            .backends
+                            .iter()
+                            .find(|o| o.name == b.name)
+                            .and_then(|o| o.discovery.as_ref())
+                            != Some(d) =>
+                {
+                    if let Err(why) = crate::route::discovery::refresh(&b.name, &state, d).await {
+                        tracing::warn!(backend = %b.name, "DNS discovery: {why}; the pool is empty until it answers");
+                    }
+                }
+                Some(_) => {}
+            }
             backends.push(Arc::new(ResolvedBackend {
                 name: Arc::from(b.name.as_str()),
-                origin,
                 base_path,
-                scheme,
-                authority,
+                is_pool: b.is_pool(),
+                pool: b.pool.clone(),
                 models,
                 tokenizer,
                 headers,
@@ -426,21 +476,16 @@ fn read(path: Option<&PathBuf>, upstream: Option<&str>) -> Result<(Config, Strin
             Some(b) => {
                 b.url = Some(url.to_string());
                 b.sim = None;
+                b.endpoints.clear();
+                b.discovery = None;
                 if let Some(n) = name {
                     b.name = n.to_string();
                 }
             }
-            None => config.backends.push(super::Backend {
-                name: name.map_or_else(|| name_from_host(url), str::to_string),
-                url: Some(url.to_string()),
-                sim: None,
-                models: Vec::new(),
-                tokenizer: None,
-                headers: Default::default(),
-                price: Default::default(),
-                max_concurrency: None,
-                server_metrics: Default::default(),
-            }),
+            None => config.backends.push(super::Backend::at(
+                name.map_or_else(|| name_from_host(url), str::to_string),
+                url.to_string(),
+            )),
         }
     }
     config.validate()?;

@@ -25,6 +25,12 @@ pub struct SlaClass {
     pub max_hallucination_rate: Option<f64>,
     #[serde(default = "default_objective")]
     pub objective: Objective,
+    /// Refuse (429 with Retry-After) rather than queue when every endpoint of every backend
+    /// the class may use is saturated, or would keep the request waiting past its TTFT
+    /// objective (`x-slo-ttft-ms`, else `ttft_p95_ms`). Off by default: a sidecar adds no
+    /// failure mode unless asked.
+    #[serde(default)]
+    pub shed: bool,
 }
 
 fn default_objective() -> Objective {

@@ -88,6 +88,12 @@ pub struct Metrics {
     pub server_prefix_hit_ratio: GaugeVec,
     pub server_preemptions: CounterVec,
     pub server_metrics_up: GaugeVec,
+    /// Choices within pools, and each endpoint's requests outstanding.
+    pub endpoint_decisions: IntCounterVec,
+    pub endpoint_outstanding: GaugeVec,
+    /// Endpoints in each backend's pool (DNS discovery changes it).
+    pub pool_endpoints: GaugeVec,
+    pub discovery_refreshes: IntCounterVec,
     /// Client connections open now (limits.max_connections bounds it).
     pub client_connections: prometheus::IntGauge,
     /// Requests or connections the proxy refused on a limit, by reason.
@@ -410,25 +416,25 @@ impl Metrics {
                 &reg,
                 "goodput_server_requests_waiting",
                 "The upstream server's own queue: requests waiting to be scheduled (vllm:num_requests_waiting), read from its /metrics.",
-                &["backend"],
+                &["backend", "endpoint"],
             ),
             server_running: gauge(
                 &reg,
                 "goodput_server_requests_running",
                 "Requests in the upstream server's running batch (vllm:num_requests_running).",
-                &["backend"],
+                &["backend", "endpoint"],
             ),
             server_kv_cache_usage: gauge(
                 &reg,
                 "goodput_server_kv_cache_usage_ratio",
                 "The upstream server's KV-cache usage, 0-1 (vllm:kv_cache_usage_perc; the fullest engine).",
-                &["backend"],
+                &["backend", "endpoint"],
             ),
             server_prefix_hit_ratio: gauge(
                 &reg,
                 "goodput_server_prefix_cache_hit_ratio",
                 "Prefix-cache hits / queries (in tokens) of the upstream server over the last minute; absent without queries.",
-                &["backend"],
+                &["backend", "endpoint"],
             ),
             server_preemptions: {
                 let c = CounterVec::new(
@@ -436,7 +442,7 @@ impl Metrics {
                         "goodput_server_preemptions_total",
                         "Sequences the upstream server preempted for lack of KV-cache blocks (increase of vllm:num_preemptions_total while goodput watched).",
                     ),
-                    &["backend"],
+                    &["backend", "endpoint"],
                 )
                 .expect("valid counter");
                 reg.register(Box::new(c.clone())).expect("unique metric");
@@ -446,7 +452,31 @@ impl Metrics {
                 &reg,
                 "goodput_server_metrics_up",
                 "1 while the upstream server's /metrics answers with vLLM's metrics, 0 when it stopped answering (the goodput_server_* gauges are then removed, not left stale).",
+                &["backend", "endpoint"],
+            ),
+            endpoint_decisions: counter(
+                &reg,
+                "goodput_endpoint_decisions_total",
+                "Choices of an endpoint within a backend's pool, by reason (prefix_hit, least_queue, kv_headroom, lowest_latency, near_tie, fallback_unknown, only_endpoint, all_saturated, no_healthy_endpoint).",
+                &["backend", "endpoint", "reason"],
+            ),
+            endpoint_outstanding: gauge(
+                &reg,
+                "goodput_endpoint_outstanding_requests",
+                "Requests sent to the endpoint and not finished.",
+                &["backend", "endpoint"],
+            ),
+            pool_endpoints: gauge(
+                &reg,
+                "goodput_pool_endpoints",
+                "Endpoints in the backend's pool (its url, endpoints list or DNS answer).",
                 &["backend"],
+            ),
+            discovery_refreshes: counter(
+                &reg,
+                "goodput_discovery_refreshes_total",
+                "DNS lookups of discovered pools, by result (success, error).",
+                &["backend", "result"],
             ),
             circuit_state: gauge(
                 &reg,
@@ -532,7 +562,13 @@ impl Metrics {
 
     /// Refresh the gauges read from the process and the runtime, just before a scrape.
     /// A backend's server state as the last scrape gave it; `None` removes the gauges.
-    pub fn set_server(&self, backend: &str, view: Option<&crate::route::server::ServerView>, preempted: f64) {
+    pub fn set_server(
+        &self,
+        backend: &str,
+        endpoint: &str,
+        view: Option<&crate::route::server::ServerView>,
+        preempted: f64,
+    ) {
         let gauges = [
             (&self.server_waiting, view.and_then(|v| v.reading.waiting)),
             (&self.server_running, view.and_then(|v| v.reading.running)),
@@ -541,20 +577,24 @@ impl Metrics {
         ];
         for (g, x) in gauges {
             match x {
-                Some(x) => g.with_label_values(&[backend]).set(x),
+                Some(x) => g.with_label_values(&[backend, endpoint]).set(x),
                 None => {
-                    let _ = g.remove_label_values(&[backend]);
+                    let _ = g.remove_label_values(&[backend, endpoint]);
                 }
             }
         }
         if view.is_some_and(|v| v.reading.preemptions.is_some()) {
-            self.server_preemptions.with_label_values(&[backend]).inc_by(preempted);
+            self.server_preemptions.with_label_values(&[backend, endpoint]).inc_by(preempted);
         }
-        self.server_metrics_up.with_label_values(&[backend]).set(f64::from(u8::from(view.is_some())));
+        self.server_metrics_up
+            .with_label_values(&[backend, endpoint])
+            .set(f64::from(u8::from(view.is_some())));
     }
 
-    /// A backend whose server is no longer read: none of its `goodput_server_*` series.
-    pub fn remove_server(&self, backend: &str) {
+    /// An endpoint whose server is no longer read (turned off, or it left the pool): none of
+    /// its `goodput_server_*` or `goodput_endpoint_*` series.
+    pub fn remove_server(&self, backend: &str, endpoint: &str) {
+        let _ = self.endpoint_outstanding.remove_label_values(&[backend, endpoint]);
         for g in [
             &self.server_waiting,
             &self.server_running,
@@ -562,9 +602,9 @@ impl Metrics {
             &self.server_prefix_hit_ratio,
             &self.server_metrics_up,
         ] {
-            let _ = g.remove_label_values(&[backend]);
+            let _ = g.remove_label_values(&[backend, endpoint]);
         }
-        let _ = self.server_preemptions.remove_label_values(&[backend]);
+        let _ = self.server_preemptions.remove_label_values(&[backend, endpoint]);
     }
 
     pub fn refresh_process(&self) {

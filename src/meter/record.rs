@@ -86,6 +86,8 @@ pub struct RequestRecord {
     /// Wall-clock start, milliseconds since the Unix epoch.
     pub start_unix_ms: u64,
     pub backend: Arc<str>,
+    /// The backend's endpoint that served it (`host:port`); empty when none was reached.
+    pub endpoint: Arc<str>,
     pub route: Arc<str>,
     /// The SLA class the request was routed under.
     pub class: Arc<str>,

@@ -33,6 +33,8 @@ const PARK_AFTER: Duration = Duration::from_secs(1);
 pub struct Shared {
     /// Per backend.
     pub windows: ArcSwap<HashMap<String, WindowSnapshot>>,
+    /// Per endpoint of each pool (latency only), by backend then endpoint label.
+    pub endpoint_windows: ArcSwap<super::window::EndpointWindows>,
     /// Per SLA class (the class each request was routed under).
     pub classes: ArcSwap<HashMap<String, WindowSnapshot>>,
     recent: Mutex<VecDeque<RequestRecord>>,
@@ -77,6 +79,7 @@ impl Recorder {
         let (tx, rx) = sync_channel(QUEUE);
         let shared = Arc::new(Shared {
             windows: ArcSwap::from_pointee(HashMap::new()),
+            endpoint_windows: ArcSwap::from_pointee(HashMap::new()),
             classes: ArcSwap::from_pointee(HashMap::new()),
             recent: Mutex::new(VecDeque::new()),
             processed: Default::default(),
@@ -138,6 +141,10 @@ fn run(
     let epoch = Instant::now();
     let mut windows: HashMap<String, BackendWindows> = HashMap::new();
     let mut classes: HashMap<String, BackendWindows> = HashMap::new();
+    // Pools' endpoints: (backend, endpoint) → latency window.
+    let mut endpoints: HashMap<(Arc<str>, Arc<str>), Window> = HashMap::new();
+    // Endpoints whose gauges are exported, so that those that left lose theirs.
+    let mut exported: Vec<(Arc<str>, Arc<str>)> = Vec::new();
     let window_for = |windows: &mut HashMap<String, BackendWindows>,
                       key: &str,
                       snap: &crate::config::reload::Snapshot| {
@@ -193,6 +200,16 @@ fn run(
                     window_for(&mut classes, &r.class, &snap);
                     if let Some(w) = classes.get_mut(&*r.class) {
                         w.latency.add(now, &r, cost);
+                    }
+                    if !r.endpoint.is_empty() && snap.backend(&r.backend).is_some_and(|b| b.is_pool) {
+                        let lat = snap.config.metrics.window_secs;
+                        let w = endpoints
+                            .entry((r.backend.clone(), r.endpoint.clone()))
+                            .or_insert_with(|| Window::new(lat));
+                        if w.len_secs() != lat {
+                            *w = Window::new(lat);
+                        }
+                        w.add(now, &r, cost);
                     }
                     let keep = snap.config.metrics.recent_records;
                     let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
@@ -266,6 +283,33 @@ fn run(
                 };
             shared.windows.store(Arc::new(publish("backend", &mut windows)));
             shared.classes.store(Arc::new(publish("class", &mut classes)));
+            // Endpoints that left their pool (or whose backend left) leave the windows too.
+            let live = |b: &str, e: &str| {
+                snap.backend(b)
+                    .is_some_and(|b| b.is_pool && b.state.endpoints().iter().any(|x| &*x.label == e))
+            };
+            endpoints.retain(|(b, e), _| live(b, e));
+            let mut ew: super::window::EndpointWindows = HashMap::new();
+            for ((b, e), w) in endpoints.iter_mut() {
+                ew.entry(b.to_string()).or_default().insert(e.to_string(), w.snapshot(now));
+            }
+            shared.endpoint_windows.store(Arc::new(ew));
+            let mut now_exported = Vec::new();
+            for b in &snap.backends {
+                let eps = b.state.endpoints();
+                metrics.pool_endpoints.with_label_values(&[&*b.name]).set(eps.len() as f64);
+                for e in eps.iter() {
+                    metrics
+                        .endpoint_outstanding
+                        .with_label_values(&[&*b.name, &*e.label])
+                        .set(e.outstanding() as f64);
+                    now_exported.push((b.name.clone(), e.label.clone()));
+                }
+            }
+            for (b, e) in exported.iter().filter(|x| !now_exported.contains(x)) {
+                metrics.remove_server(b, e);
+            }
+            exported = now_exported;
             for b in &snap.backends {
                 metrics.backend_outstanding.with_label_values(&[&*b.name]).set(b.state.outstanding() as f64);
                 let state = b.state.breaker_state();

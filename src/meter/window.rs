@@ -127,6 +127,10 @@ impl Quantiles {
     }
 }
 
+/// Per endpoint of each pool: backend name, then endpoint label.
+pub type EndpointWindows =
+    std::collections::HashMap<String, std::collections::HashMap<String, WindowSnapshot>>;
+
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct WindowSnapshot {
     pub window_secs: u64,

@@ -27,7 +27,11 @@ impl Operation {
 }
 
 #[derive(Deserialize)]
-struct Fields {
+struct Fields<'a> {
+    #[serde(default, borrow)]
+    messages: Option<&'a serde_json::value::RawValue>,
+    #[serde(default, borrow)]
+    prompt: Option<&'a serde_json::value::RawValue>,
     #[serde(default)]
     model: Option<serde_json::Value>,
     #[serde(default)]
@@ -78,6 +82,11 @@ impl RequestInfo {
                 .unwrap_or(false),
             n: f.n.as_ref().and_then(|v| v.as_u64()).map(|n| n.clamp(1, 1024) as u32).unwrap_or(1),
             max_tokens: f.max_completion_tokens.as_ref().or(f.max_tokens.as_ref()).and_then(|v| v.as_u64()),
+            prompt: f.messages.or(f.prompt).map(|raw| {
+                // The raw value borrows from `body`: its offset is where it stands in it.
+                let start = raw.get().as_ptr() as usize - body.as_ptr() as usize;
+                (start, start + raw.get().len())
+            }),
         }
     }
 
@@ -297,7 +306,18 @@ mod tests {
         r#"{"model":"m","prompt":["a","b"],"n":5000,"stream":null,"stream_options":null,"logprobs":3,"echo":false}"#,
         r#"  { "model" : "m\u002fx" , "stream" : true , "tools" : [ { "type" : "function" } ] }  "#,
         r#"{}"#,
+        r#"{"messages" : null , "prompt" :  "abc"  ,"n":1}"#,
     ];
+
+    #[test]
+    fn the_prompt_is_located_in_the_body() {
+        let at = |s: &str| RequestInfo::parse(s.as_bytes()).prompt.map(|(a, b)| s[a..b].to_string());
+        assert_eq!(at(REQUESTS[0]).as_deref(), Some(r#"[{"role":"user","content":"hi"}]"#));
+        assert_eq!(at(REQUESTS[3]).as_deref(), Some(r#"["a","b"]"#));
+        assert_eq!(at(REQUESTS[6]).as_deref(), Some(r#""abc""#), "null messages: the prompt");
+        assert_eq!(at(r#"{"messages":[1] , "prompt":"p"}"#).as_deref(), Some("[1]"), "messages first");
+        assert_eq!(at(REQUESTS[5]), None);
+    }
 
     #[test]
     fn the_fast_request_reader_answers_as_serde_does() {

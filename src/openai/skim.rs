@@ -145,6 +145,7 @@ pub fn request(body: &[u8]) -> R<RequestInfo> {
     let mut p = Skim { s, b: s.as_bytes(), i: 0, depth: 0, exact: false };
     let mut info = RequestInfo { valid_json: true, n: 1, ..Default::default() };
     let (mut max_tokens, mut max_completion_tokens) = (None, None);
+    let (mut messages, mut prompt) = (None, None);
     p.object(
         |key| match key {
             b"model" => 1,
@@ -153,6 +154,8 @@ pub fn request(body: &[u8]) -> R<RequestInfo> {
             b"n" => 4,
             b"max_tokens" => 5,
             b"max_completion_tokens" => 6,
+            b"messages" => 7,
+            b"prompt" => 8,
             _ => 0,
         },
         |p, field| {
@@ -190,6 +193,15 @@ pub fn request(body: &[u8]) -> R<RequestInfo> {
                 4 => info.n = p.opt_u64()?.map_or(1, |n| n.clamp(1, 1024) as u32),
                 5 => max_tokens = p.opt_u64()?,
                 6 => max_completion_tokens = p.opt_u64()?,
+                7 | 8 => {
+                    p.ws();
+                    let start = p.i;
+                    p.value()?;
+                    if !p.b[start..p.i].starts_with(b"null") {
+                        let at = if field == 7 { &mut messages } else { &mut prompt };
+                        *at = Some((start, p.i));
+                    }
+                }
                 _ => p.value()?,
             }
             Ok(())
@@ -200,6 +212,7 @@ pub fn request(body: &[u8]) -> R<RequestInfo> {
         return Err(Unsure);
     }
     info.max_tokens = max_completion_tokens.or(max_tokens);
+    info.prompt = messages.or(prompt);
     Ok(info)
 }
 

@@ -25,6 +25,10 @@ pub struct RequestInfo {
     pub continuous_usage_stats: bool,
     pub n: u32,
     pub max_tokens: Option<u64>,
+    /// Where the prompt stands in the body, as byte offsets: the JSON text of `messages` (chat)
+    /// or else `prompt` (completions), when present and not null. The pool's prefix affinity
+    /// hashes it.
+    pub prompt: Option<(usize, usize)>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

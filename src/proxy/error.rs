@@ -26,6 +26,10 @@ pub enum Kind {
     BodyRead,
     /// Every candidate backend is at its `max_concurrency`.
     AtCapacity,
+    /// The class sheds load and every endpoint it may use is saturated.
+    Shed,
+    /// The chosen backends have no endpoint (an empty DNS answer).
+    NoEndpoint,
     /// No connection to the upstream (refused, unreachable, DNS, TLS handshake).
     UpstreamConnect,
     UpstreamConnectTimeout,
@@ -47,6 +51,8 @@ impl Kind {
             Kind::BodyTooLarge => "request_too_large",
             Kind::BodyRead => "body_read_failed",
             Kind::AtCapacity => "backend_at_capacity",
+            Kind::Shed => "overloaded",
+            Kind::NoEndpoint => "no_endpoint",
             Kind::UpstreamConnect => "connect",
             Kind::UpstreamConnectTimeout => "timeout_connect",
             Kind::UpstreamFirstByteTimeout => "timeout_first_byte",
@@ -60,7 +66,8 @@ impl Kind {
             Kind::BadTarget | Kind::BadHost | Kind::BodyRead => StatusCode::BAD_REQUEST,
             Kind::Connect => StatusCode::METHOD_NOT_ALLOWED,
             Kind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Kind::AtCapacity => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::AtCapacity | Kind::NoEndpoint => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::Shed => StatusCode::TOO_MANY_REQUESTS,
             Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => StatusCode::GATEWAY_TIMEOUT,
             Kind::UpstreamConnect | Kind::UpstreamProtocol | Kind::UpstreamUpgrade => StatusCode::BAD_GATEWAY,
         }
@@ -72,7 +79,7 @@ impl Kind {
             Kind::BadTarget | Kind::Connect | Kind::BadHost | Kind::BodyTooLarge | Kind::BodyRead => {
                 "invalid_request_error"
             }
-            Kind::AtCapacity => "overloaded_error",
+            Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint => "overloaded_error",
             Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => "upstream_timeout",
             Kind::UpstreamConnect | Kind::UpstreamProtocol | Kind::UpstreamUpgrade => "upstream_error",
         }
@@ -84,7 +91,7 @@ impl Kind {
             Kind::BadTarget | Kind::Connect | Kind::BadHost | Kind::BodyTooLarge | Kind::BodyRead => {
                 Outcome::Rejected
             }
-            Kind::AtCapacity => Outcome::Rejected,
+            Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint => Outcome::Rejected,
             Kind::UpstreamConnect => Outcome::ConnectError,
             Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => Outcome::Timeout,
             Kind::UpstreamProtocol | Kind::UpstreamUpgrade => Outcome::UpstreamReset,

@@ -17,7 +17,7 @@ use super::route::{self, Peer};
 use super::{Proxy, UpstreamBody};
 use crate::config::reload::{ResolvedBackend, ResolvedRoute, Snapshot};
 use crate::openai::request::rewrite_model;
-use crate::route::SloHeaders;
+use crate::route::{Endpoint, SloHeaders};
 
 /// What one request brings to the forward phase.
 pub struct Outbound<'a> {
@@ -28,25 +28,39 @@ pub struct Outbound<'a> {
     /// The body's `model` field (metered paths).
     pub model: Option<&'a str>,
     pub id: u64,
+    /// The prompt's JSON text (metered paths), for a pool's prefix affinity.
+    pub prompt: Option<Bytes>,
 }
 
-/// Send the request to the backend the router picks, failing over while that is safe. Every
-/// upstream failure is counted (`goodput_upstream_errors_total`) and told to that backend's
-/// breaker; the last one is returned.
+/// Send the request to the backend and endpoint the router picks, failing over (to another
+/// endpoint of the pool, or another backend) while that is safe. Every upstream failure is
+/// counted (`goodput_upstream_errors_total`) and told to that endpoint's breaker; the last one
+/// is returned.
 pub async fn forward(
     proxy: &Proxy,
     snap: &Snapshot,
     out: Outbound<'_>,
     metered: &mut Option<MeteredRequest>,
 ) -> Result<(Response<Incoming>, Peer), Error> {
-    let Outbound { mut parts, body, route, slo_headers, model, id } = out;
-    let can_failover = matches!(body, ClientBody::Whole(_)) && route.candidates.len() > 1;
+    let Outbound { mut parts, body, route, slo_headers, model, id, prompt } = out;
+    let endpoints: usize = route.candidates.iter().map(|&i| snap.backends[i].state.endpoints().len()).sum();
+    let can_failover = matches!(body, ClientBody::Whole(_)) && endpoints > 1;
     let mut body = Some(body);
     let timeouts = snap.config.timeouts;
-    let mut tried: Vec<usize> = Vec::new();
+    let mut tried = route::Tried::default();
     loop {
-        let windows = &proxy.recorder.shared.windows;
-        let peer = route::upstream_peer(&proxy.router, windows, snap, route, slo_headers, id, &tried)?;
+        let shared = &proxy.recorder.shared;
+        let windows = route::Windows { backends: &shared.windows, endpoints: &shared.endpoint_windows };
+        let peer = route::upstream_peer(
+            &proxy.router,
+            windows,
+            snap,
+            route,
+            slo_headers,
+            id,
+            &tried,
+            prompt.as_deref(),
+        )?;
         let backend = &peer.backend;
         let headers = if can_failover { parts.headers.clone() } else { std::mem::take(&mut parts.headers) };
         // A body in memory can be sent again; a streamed one only once (no failover then).
@@ -54,9 +68,9 @@ pub async fn forward(
             Some(ClientBody::Whole(bytes)) => ClientBody::Whole(bytes.clone()),
             _ => body.take().expect("a streamed body is sent once"),
         };
-        let req = upstream_request(&parts, headers, this_attempt, backend, route, model)?;
+        let req = upstream_request(&parts, headers, this_attempt, backend, &peer.endpoint, route, model)?;
         if let Some(m) = metered.as_mut() {
-            route::label(&mut m.record, backend, route, model);
+            route::label(&mut m.record, backend, &peer.endpoint, route, model);
             // Time in the proxy before the upstream call; reading the body is the client's time.
             m.record.overhead = m.t0.elapsed().saturating_sub(m.client_time);
         }
@@ -82,16 +96,19 @@ pub async fn forward(
             proxy.metrics.body_too_large.inc();
         }
         if err.kind.is_upstream() {
-            backend.state.report(false);
+            peer.dispatch.report(false);
             proxy.metrics.upstream_errors.with_label_values(&[&*backend.name, err.kind.code()]).inc();
         }
-        if err.may_fail_over() && can_failover && tried.len() + 1 < route.candidates.len() {
-            tracing::warn!(backend = %backend.name, kind = err.kind.code(), error = %err, "failing over");
-            tried.push(peer.index);
-            continue;
+        if err.may_fail_over() && can_failover {
+            tried.failed(&peer);
+            if tried.any_left(snap, route) {
+                tracing::warn!(backend = %backend.name, endpoint = %peer.endpoint.label, kind = err.kind.code(), error = %err, "failing over");
+                continue;
+            }
         }
         if let Some(m) = metered.as_mut() {
             m.record.backend = backend.name.clone();
+            m.record.endpoint = peer.endpoint.label.clone();
         }
         return Err(err);
     }
@@ -105,12 +122,13 @@ fn upstream_request(
     mut headers: HeaderMap,
     body: ClientBody,
     backend: &ResolvedBackend,
+    endpoint: &Endpoint,
     route: &ResolvedRoute,
     model: Option<&str>,
 ) -> Result<Request<UpstreamBody>, Error> {
     let target =
         parts.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
-    let uri = backend.uri(&target).map_err(|e| Error::new(Kind::BadTarget, e))?;
+    let uri = backend.uri(endpoint, &target).map_err(|e| Error::new(Kind::BadTarget, e))?;
     for (k, v) in &backend.headers {
         headers.insert(k.clone(), v.clone());
     }

@@ -26,7 +26,7 @@ use crate::config::reload::ResolvedBackend;
 use crate::meter::observe::ResponseMeter;
 use crate::meter::record::{Outcome, Payload, RequestRecord, TokenSource};
 use crate::meter::recorder::Recorder;
-use crate::route::{Dispatch, Reason};
+use crate::route::{Dispatch, PickReason, Reason};
 
 /// A metered request on its way: its record so far, and what the meter needs of the request.
 pub struct MeteredRequest {
@@ -45,6 +45,8 @@ pub struct MeteredRequest {
 pub struct Upstream {
     pub backend: Arc<ResolvedBackend>,
     pub reason: Reason,
+    /// Why this endpoint of the backend's pool.
+    pub pick: PickReason,
     /// The request's claim on the backend's capacity, held until the body is dropped.
     pub dispatch: Dispatch,
 }
@@ -75,10 +77,14 @@ pub fn response_filter(
             parts.headers.insert("x-goodput-backend", v);
         }
         parts.headers.insert("x-goodput-reason", HeaderValue::from_static(upstream.reason.as_str()));
+        if let Ok(v) = HeaderValue::from_str(&upstream.dispatch.endpoint().label) {
+            parts.headers.insert("x-goodput-endpoint", v);
+        }
+        parts.headers.insert("x-goodput-endpoint-reason", HeaderValue::from_static(upstream.pick.as_str()));
     }
     let Some(MeteredRequest { mut record, payload, n, injected, t0, .. }) = metered else {
         // Unmetered paths: the answer's status is what the breaker learns.
-        backend.state.report(parts.status.as_u16() < 500);
+        upstream.dispatch.report(parts.status.as_u16() < 500);
         let idle = Duration::from_millis(cfg.timeouts.idle_ms);
         let body = MeteredBody::new(body, None, Some(upstream.dispatch), idle);
         return Response::from_parts(parts, Either::Left(body));
@@ -236,7 +242,7 @@ impl MeteredBody {
         };
         m.in_flight.dec();
         if let Some(d) = &self.dispatch {
-            d.state().report(!r.outcome.is_upstream_failure());
+            d.report(!r.outcome.is_upstream_failure());
         }
         let Metering { record, payload, recorder, .. } = *m;
         recorder.submit(record, payload);

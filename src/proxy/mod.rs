@@ -90,6 +90,9 @@ impl Proxy {
         let route = snap.route(parts.uri.path(), model.as_deref(), &parts.headers);
         let slo_headers = SloHeaders::from(&parts.headers);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let prompt = admitted.metered.as_ref().and_then(|m| {
+            m.info.prompt.and_then(|(a, z)| m.original.get(a..z).map(|_| m.original.slice(a..z)))
+        });
         let mut metered = admitted.metered.map(|m| {
             let at = route::Start { t0, client_time: admitted.client_time, id, sampling: self.sampling };
             route::start_record(m, route, slo_headers, &parts.headers, cfg, at)
@@ -103,6 +106,7 @@ impl Proxy {
             slo_headers,
             model: model.as_deref(),
             id,
+            prompt,
         };
         let (resp, peer) = match forward::forward(&self, &snap, out, &mut metered).await {
             Ok(r) => r,
@@ -111,7 +115,8 @@ impl Proxy {
         self.ready.store(true, Ordering::Relaxed);
 
         // 4. Meter the answer on its way to the client.
-        let upstream = Upstream { backend: peer.backend, reason: peer.reason, dispatch: peer.dispatch };
+        let upstream =
+            Upstream { backend: peer.backend, reason: peer.reason, pick: peer.pick, dispatch: peer.dispatch };
         meter::response_filter(resp, metered, upstream, cfg, &self.recorder)
     }
 
@@ -151,7 +156,10 @@ impl Proxy {
         Arc::new(Proxy {
             config,
             recorder,
-            router: Arc::new(Router::new(metrics.route_decisions.clone())),
+            router: Arc::new(
+                Router::new(metrics.route_decisions.clone())
+                    .with_endpoint_metric(metrics.endpoint_decisions.clone()),
+            ),
             metrics,
             client,
             ready: AtomicBool::new(false),
@@ -172,7 +180,8 @@ impl Proxy {
             let models = http::uri::PathAndQuery::from_static("/v1/models");
             while !this.is_ready() {
                 let backend = this.config.load().default_backend().clone();
-                if let Ok(uri) = backend.uri(&models)
+                if let Some(e) = backend.any_endpoint()
+                    && let Ok(uri) = backend.uri(&e, &models)
                     && let Ok(req) = Request::get(uri)
                         .header(header::USER_AGENT, "goodput-readiness")
                         .body(Either::Left(Full::new(Bytes::new())))
@@ -180,7 +189,7 @@ impl Proxy {
                         tokio::time::timeout(Duration::from_secs(5), this.client.request(req)).await
                 {
                     this.ready.store(true, Ordering::Relaxed);
-                    tracing::info!(upstream = %backend.origin, "upstream answered; ready");
+                    tracing::info!(upstream = %backend.describe(), "upstream answered; ready");
                     return;
                 }
                 tokio::time::sleep(Duration::from_millis(500)).await;

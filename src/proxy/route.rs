@@ -15,7 +15,7 @@ use crate::config::reload::{ResolvedBackend, ResolvedRoute, Snapshot};
 use crate::meter::record::{Payload, RequestRecord};
 use crate::meter::window::WindowSnapshot;
 use crate::quality::sampler::{forced, key, sampled};
-use crate::route::{Dispatch, Reason, Router, SloHeaders};
+use crate::route::{Ask, Dispatch, Endpoint, EndpointWindows, PickReason, Reason, Router, SloHeaders};
 
 /// When and how a request started, for its record.
 pub struct Start {
@@ -76,46 +76,128 @@ fn sample(s: Sampling, cfg: &Config, headers: &HeaderMap, id: u64, rate: f64) ->
     )
 }
 
-/// A backend chosen for one attempt, with a slot of its capacity claimed.
+/// A backend and one of its endpoints chosen for one attempt, with a slot of its capacity
+/// claimed.
 pub struct Peer {
     /// Index into `Snapshot::backends`.
     pub index: usize,
     pub backend: Arc<ResolvedBackend>,
     pub reason: Reason,
+    pub endpoint: Arc<Endpoint>,
+    pub pick: PickReason,
     pub dispatch: Dispatch,
 }
 
-/// Choose a backend for one attempt of a request; `tried` have failed it already. A backend
+/// What earlier attempts of this request left behind.
+#[derive(Default)]
+pub struct Tried {
+    /// Backends (snapshot indices) with no endpoint left for it.
+    pub backends: Vec<usize>,
+    /// Endpoints that failed to connect for it.
+    pub endpoints: Vec<Arc<Endpoint>>,
+}
+
+impl Tried {
+    /// The endpoint failed before the request reached it: the next attempt goes elsewhere.
+    pub fn failed(&mut self, peer: &Peer) {
+        self.endpoints.push(peer.endpoint.clone());
+        let eps = peer.backend.state.endpoints();
+        if eps.iter().all(|e| self.endpoints.iter().any(|t| Arc::ptr_eq(t, e))) {
+            self.backends.push(peer.index);
+        }
+    }
+
+    /// Whether some candidate of the route has an endpoint this request has not failed at.
+    pub fn any_left(&self, snap: &Snapshot, route: &ResolvedRoute) -> bool {
+        route.candidates.iter().any(|&i| {
+            !self.backends.contains(&i)
+                && snap.backends[i]
+                    .state
+                    .endpoints()
+                    .iter()
+                    .any(|e| !self.endpoints.iter().any(|t| Arc::ptr_eq(t, e)))
+        })
+    }
+}
+
+/// What the router reads for one choice: the windows the recorder publishes.
+pub struct Windows<'a> {
+    pub backends: &'a arc_swap::ArcSwap<std::collections::HashMap<String, WindowSnapshot>>,
+    pub endpoints: &'a arc_swap::ArcSwap<EndpointWindows>,
+}
+
+/// Choose a backend, then an endpoint of its pool, for one attempt of a request. A backend
 /// that filled up between the choice and the claim is chosen again (rare); when every
-/// candidate is at its `max_concurrency`, the request is refused with 503 and Retry-After.
+/// candidate is at its `max_concurrency`, the request is refused with 503 and Retry-After; a
+/// class that sheds refuses with 429 when every endpoint it may use is saturated.
 #[allow(clippy::too_many_arguments)]
 pub fn upstream_peer(
     router: &Router,
-    windows: &arc_swap::ArcSwap<std::collections::HashMap<String, WindowSnapshot>>,
+    windows: Windows<'_>,
     snap: &Snapshot,
     route: &ResolvedRoute,
     slo_headers: SloHeaders,
     id: u64,
-    tried: &[usize],
+    tried: &Tried,
+    prompt: Option<&[u8]>,
 ) -> Result<Peer, Error> {
+    let retry = snap.config.limits.retry_after_secs;
+    let mut empty: Vec<usize> = tried.backends.clone();
     for _ in 0..=8 {
-        // The statistics snapshot is read per attempt and never held across an await.
-        let choice = router.choose(snap, route, slo_headers, &windows.load(), id, tried);
+        // The statistics snapshots are read per attempt and never held across an await.
+        let endpoint_windows = windows.endpoints.load();
+        let ask = Ask {
+            slo: slo_headers,
+            id,
+            tried: &empty,
+            tried_endpoints: &tried.endpoints,
+            prompt,
+            endpoint_windows: &endpoint_windows,
+        };
+        let choice = router.choose(snap, route, &windows.backends.load(), &ask);
+        if let Some(why) = choice.shed {
+            return Err(Error::new(
+                Kind::Shed,
+                format!("every endpoint this request may use is saturated: {why}; retry later"),
+            )
+            .retry_after(retry));
+        }
         if choice.at_capacity {
-            break;
+            return Err(Error::new(
+                Kind::AtCapacity,
+                "every backend of this route is at its max_concurrency; retry later",
+            )
+            .retry_after(retry));
         }
         let backend = &snap.backends[choice.backend];
-        if let Some(dispatch) = Dispatch::try_start(&backend.state, backend.max_concurrency) {
+        let Some(endpoint) = choice.endpoint else {
+            // An empty pool, or every endpoint failed this request: another backend, if any.
+            empty.push(choice.backend);
+            if route.candidates.iter().all(|i| empty.contains(i)) {
+                break;
+            }
+            continue;
+        };
+        if let Some(dispatch) = Dispatch::try_start(&backend.state, &endpoint, backend.max_concurrency) {
             return Ok(Peer {
                 index: choice.backend,
                 backend: backend.clone(),
                 reason: choice.reason,
+                endpoint,
+                pick: choice.pick,
                 dispatch,
             });
         }
     }
+    if route.candidates.iter().all(|i| empty.contains(i)) {
+        return Err(Error::new(
+            Kind::NoEndpoint,
+            "no endpoint of this route's backends is known (an empty DNS answer?); retry later",
+        )
+        .retry_after(retry));
+    }
     Err(Error::new(Kind::AtCapacity, "every backend of this route is at its max_concurrency; retry later")
-        .retry_after(snap.config.limits.retry_after_secs))
+        .retry_after(retry))
 }
 
 /// The record names the backend that serves the request and the model as that backend knows
@@ -123,10 +205,12 @@ pub fn upstream_peer(
 pub fn label(
     record: &mut RequestRecord,
     backend: &ResolvedBackend,
+    endpoint: &Endpoint,
     route: &ResolvedRoute,
     model: Option<&str>,
 ) {
     record.backend = backend.name.clone();
+    record.endpoint = endpoint.label.clone();
     let effective = match (route.rewrite_model, model, &backend.served_model) {
         (true, Some(m), Some(served)) if !backend.serves(m) => Some(&**served),
         _ => model,

@@ -1,6 +1,7 @@
 //! The decision: a statistics snapshot in, a choice and its reason out.
 //!
-//! 1. Health: backends whose circuit is open, or that are at their concurrency limit, are out.
+//! 1. Health: backends whose circuit is open, that are at their concurrency limit, or whose
+//!    every endpoint reports a saturated queue or KV cache, are out.
 //! 2. Exploration: a small share of decisions picks any healthy backend, so that every backend's
 //!    statistics stay fresh.
 //! 3. Compliance: a backend complies with a class when each of its windowed statistics that the
@@ -58,6 +59,8 @@ pub struct Candidate {
     pub name: std::sync::Arc<str>,
     /// The circuit breaker lets a request through.
     pub healthy: bool,
+    /// Every endpoint's server reports a queue or KV cache past the pool's thresholds.
+    pub saturated: bool,
     pub outstanding: u64,
     pub max_concurrency: Option<u64>,
     /// Price per 1M input and output tokens.
@@ -213,13 +216,19 @@ fn decide_with(class: &Class, cands: &[Candidate], p: &Policy, d: Draw, explain:
     let usable: Indices = (0..cands.len())
         .filter(|&i| {
             let c = &cands[i];
-            let ok = c.healthy && c.max_concurrency.is_none_or(|m| c.outstanding < m);
+            let ok = c.healthy && !c.saturated && c.max_concurrency.is_none_or(|m| c.outstanding < m);
             if !ok && explain {
                 let _ = write!(
                     why,
                     "; {} {}",
                     c.name,
-                    if c.healthy { "at its concurrency limit" } else { "unhealthy" }
+                    if !c.healthy {
+                        "unhealthy"
+                    } else if c.saturated {
+                        "saturated (every endpoint's queue or KV cache past its threshold)"
+                    } else {
+                        "at its concurrency limit"
+                    }
                 );
             }
             ok
@@ -323,6 +332,7 @@ mod tests {
         Candidate {
             name: name.into(),
             healthy: true,
+            saturated: false,
             outstanding: 0,
             max_concurrency: None,
             price_input: price / 2.0,

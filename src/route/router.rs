@@ -2,42 +2,51 @@
 //! survives config reloads, the decision log, and the statistics the decisions read (this
 //! process's windows, or Prometheus's view in multi-replica mode).
 
-use arc_swap::ArcSwapOption;
+use arc_swap::{ArcSwap, ArcSwapOption};
 use serde::Serialize;
+use smallvec::SmallVec;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::breaker::{Breaker, BreakerConfig};
 use super::decide::{Candidate, Class, Decision, Draw, Policy, Reason, Stats, choose, decide};
+use super::pool::{EndpointView, PickReason, PrefixIndex};
 use crate::config::reload::{ResolvedRoute, Snapshot};
 use crate::meter::window::WindowSnapshot;
 
-/// What the router knows of one backend beyond its statistics. Shared by every config
-/// snapshot that has a backend of this name, so a reload keeps the counts and the breaker.
-pub struct BackendState {
+/// One replica of a backend: where it is, what goodput has sent it, its breaker and what its
+/// server reports. Kept across reloads and DNS refreshes while its address stays in the pool; a
+/// request in flight keeps its endpoint alive after it left.
+pub struct Endpoint {
+    /// `host:port`: how metrics, decisions and `/admin` name it.
+    pub label: Arc<str>,
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
     outstanding: AtomicU64,
     breaker: Mutex<Breaker>,
-    /// What the server reports about itself (route::server keeps it current).
+    /// What its server reports about itself (route::server keeps it current).
     pub server: super::server::ServerSignals,
+    /// `goodput_endpoint_decisions_total` per reason, looked up on first use.
+    decided: [OnceLock<prometheus::IntCounter>; PickReason::COUNT],
 }
 
-impl BackendState {
-    pub fn new(cfg: BreakerConfig) -> Arc<BackendState> {
-        Arc::new(BackendState {
+impl Endpoint {
+    pub fn new(scheme: http::uri::Scheme, authority: http::uri::Authority, cfg: BreakerConfig) -> Endpoint {
+        Endpoint {
+            label: Arc::from(authority.as_str()),
+            scheme,
+            authority,
             outstanding: AtomicU64::new(0),
             breaker: Mutex::new(Breaker::new(cfg, Instant::now())),
             server: Default::default(),
-        })
+            decided: Default::default(),
+        }
     }
 
     fn breaker(&self) -> std::sync::MutexGuard<'_, Breaker> {
         self.breaker.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub fn set_breaker_config(&self, cfg: BreakerConfig) {
-        self.breaker().set_config(cfg);
     }
 
     pub fn outstanding(&self) -> u64 {
@@ -60,37 +69,213 @@ impl BackendState {
         let mut b = self.breaker();
         if ok { b.on_success(now) } else { b.on_failure(now) }
     }
+
+    /// The endpoint as a choice sees it.
+    pub fn view(&self, now: Instant, matched: u32, ttft_p95_ms: Option<f64>) -> EndpointView {
+        let server = self.server.view();
+        let r = server.as_ref().map(|v| &v.reading);
+        EndpointView {
+            label: self.label.clone(),
+            healthy: self.healthy(now),
+            outstanding: self.outstanding(),
+            waiting: r.and_then(|r| r.waiting),
+            running: r.and_then(|r| r.running),
+            kv_cache: r.and_then(|r| r.kv_cache_usage),
+            matched,
+            ttft_p95_ms,
+        }
+    }
 }
 
-/// One request counted as outstanding at a backend until this is dropped (with the response
-/// body, so a stream counts until its end).
-pub struct Dispatch(Arc<BackendState>);
+/// What the router knows of one backend beyond its statistics: its endpoints (one for a
+/// `url`), the requests outstanding over all of them, and the pool's prefix index. Shared by
+/// every config snapshot that has a backend of this name, so a reload keeps all of it.
+pub struct BackendState {
+    outstanding: AtomicU64,
+    endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
+    breaker_cfg: Mutex<BreakerConfig>,
+    prefix: Mutex<PrefixIndex>,
+    /// The model names its server lists (route::server keeps them current).
+    pub models: super::server::Models,
+    /// Where DNS discovery stands, for a backend that has it.
+    pub discovery: super::discovery::Status,
+}
+
+impl BackendState {
+    pub fn new(cfg: BreakerConfig) -> Arc<BackendState> {
+        Arc::new(BackendState {
+            outstanding: AtomicU64::new(0),
+            endpoints: ArcSwap::from_pointee(Vec::new()),
+            breaker_cfg: Mutex::new(cfg),
+            prefix: Mutex::new(PrefixIndex::default()),
+            models: Default::default(),
+            discovery: Default::default(),
+        })
+    }
+
+    pub fn set_breaker_config(&self, cfg: BreakerConfig) {
+        *self.breaker_cfg.lock().unwrap_or_else(|p| p.into_inner()) = cfg;
+        for e in self.endpoints.load().iter() {
+            e.breaker().set_config(cfg);
+        }
+    }
+
+    pub fn endpoints(&self) -> Arc<Vec<Arc<Endpoint>>> {
+        self.endpoints.load_full()
+    }
+
+    /// The pool is now these addresses, in this order. An endpoint that stays keeps its
+    /// counts, breaker and server view; one that left is returned (its requests in flight
+    /// finish; its metrics go).
+    pub fn set_endpoints(&self, addrs: Vec<(http::uri::Scheme, http::uri::Authority)>) -> Vec<Arc<Endpoint>> {
+        let old = self.endpoints.load_full();
+        let cfg = *self.breaker_cfg.lock().unwrap_or_else(|p| p.into_inner());
+        let new: Vec<Arc<Endpoint>> = addrs
+            .into_iter()
+            .map(|(scheme, authority)| {
+                old.iter()
+                    .find(|e| e.authority == authority && e.scheme == scheme)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Endpoint::new(scheme, authority, cfg)))
+            })
+            .collect();
+        if new.len() == old.len() && new.iter().zip(old.iter()).all(|(a, b)| Arc::ptr_eq(a, b)) {
+            return Vec::new();
+        }
+        let gone: Vec<Arc<Endpoint>> =
+            old.iter().filter(|e| !new.iter().any(|n| Arc::ptr_eq(n, e))).cloned().collect();
+        self.prefix().retain(|l| new.iter().any(|e| &*e.label == l));
+        self.endpoints.store(Arc::new(new));
+        gone
+    }
+
+    fn prefix(&self) -> std::sync::MutexGuard<'_, PrefixIndex> {
+        self.prefix.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Requests outstanding over every endpoint.
+    pub fn outstanding(&self) -> u64 {
+        self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// Whether any endpoint's breaker would let a request through now.
+    pub fn healthy(&self, now: Instant) -> bool {
+        self.endpoints.load().iter().any(|e| e.healthy(now))
+    }
+
+    /// Whether every endpoint that would take a request reports a queue or KV cache past the
+    /// pool's thresholds (unknown signals are not saturation).
+    pub fn saturated(&self, p: &crate::config::PoolSettings, now: Instant) -> bool {
+        let eps = self.endpoints.load();
+        let mut healthy = eps.iter().filter(|e| e.healthy(now)).peekable();
+        healthy.peek().is_some() && healthy.all(|e| e.view(now, 0, None).saturated(p))
+    }
+
+    /// The backend's breaker as one state: closed while any endpoint's is, else half open
+    /// while any is, else open.
+    pub fn breaker_state(&self) -> &'static str {
+        let eps = self.endpoints.load();
+        let states: SmallVec<[&str; 16]> = eps.iter().map(|e| e.breaker_state()).collect();
+        ["closed", "half_open"].into_iter().find(|s| states.contains(s)).unwrap_or("open")
+    }
+
+    /// Choose an endpoint for a request: views of every endpoint (the ones in `tried` out),
+    /// the choice, and the prompt's blocks recorded as sent there.
+    pub fn pick(&self, ask: &PoolAsk<'_>, d: Draw) -> PoolPick {
+        let eps = self.endpoints.load_full();
+        let now = Instant::now();
+        let views: Vec<EndpointView> = {
+            let ix = (!ask.blocks.is_empty()).then(|| self.prefix());
+            eps.iter()
+                .map(|e| {
+                    let matched = ix.as_ref().map_or(0, |ix| ix.matched(&e.label, ask.blocks));
+                    let mut v = e.view(now, matched, (ask.ttft_p95_ms)(&e.label));
+                    v.healthy &= !ask.tried.iter().any(|t| Arc::ptr_eq(t, e));
+                    v
+                })
+                .collect()
+        };
+        // A request this endpoint already failed is not sent there again, even as a last resort.
+        let untried: SmallVec<[usize; 16]> =
+            (0..eps.len()).filter(|&i| !ask.tried.iter().any(|t| Arc::ptr_eq(t, &eps[i]))).collect();
+        let mut pick = super::pool::choose(ask.settings, &views, ask.blocks.len() as u32, d);
+        if pick.index.is_some_and(|i| !untried.contains(&i)) {
+            pick.index = None;
+        }
+        let endpoint = pick.index.map(|i| eps[i].clone());
+        if let Some(e) = &endpoint {
+            e.breaker().allow(now);
+            if !ask.blocks.is_empty() {
+                self.prefix().sent(&e.label, ask.blocks, ask.settings.prefix.index_blocks);
+            }
+        }
+        PoolPick { endpoint, reason: pick.reason, views }
+    }
+}
+
+/// What a choice within a pool needs to know of the request.
+pub struct PoolAsk<'a> {
+    pub settings: &'a crate::config::PoolSettings,
+    /// The prompt's block hashes (empty: no prefix affinity).
+    pub blocks: &'a [u64],
+    /// goodput's TTFT p95 of an endpoint by label, where its window is trusted.
+    pub ttft_p95_ms: &'a dyn Fn(&str) -> Option<f64>,
+    /// Endpoints that already failed this request.
+    pub tried: &'a [Arc<Endpoint>],
+}
+
+pub struct PoolPick {
+    pub endpoint: Option<Arc<Endpoint>>,
+    pub reason: PickReason,
+    /// What the choice saw, for the decision log.
+    pub views: Vec<EndpointView>,
+}
+
+/// One request counted as outstanding at a backend and its endpoint until this is dropped
+/// (with the response body, so a stream counts until its end).
+pub struct Dispatch {
+    backend: Arc<BackendState>,
+    endpoint: Arc<Endpoint>,
+}
 
 impl Dispatch {
-    pub fn start(state: &Arc<BackendState>) -> Dispatch {
-        state.outstanding.fetch_add(1, Ordering::Relaxed);
-        Dispatch(state.clone())
-    }
-
     /// Count the request unless the backend already has `max` outstanding: a hard limit,
     /// since two requests cannot both take the last slot.
-    pub fn try_start(state: &Arc<BackendState>, max: Option<u64>) -> Option<Dispatch> {
-        let Some(max) = max else { return Some(Self::start(state)) };
-        state
-            .outstanding
-            .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < max).then_some(n + 1))
-            .ok()
-            .map(|_| Dispatch(state.clone()))
+    pub fn try_start(
+        backend: &Arc<BackendState>,
+        endpoint: &Arc<Endpoint>,
+        max: Option<u64>,
+    ) -> Option<Dispatch> {
+        let claimed = match max {
+            None => {
+                backend.outstanding.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Some(max) => backend
+                .outstanding
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| (n < max).then_some(n + 1))
+                .is_ok(),
+        };
+        claimed.then(|| {
+            endpoint.outstanding.fetch_add(1, Ordering::Relaxed);
+            Dispatch { backend: backend.clone(), endpoint: endpoint.clone() }
+        })
     }
 
-    pub fn state(&self) -> &BackendState {
-        &self.0
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.endpoint
+    }
+
+    /// The request's outcome, told to its endpoint's breaker.
+    pub fn report(&self, ok: bool) {
+        self.endpoint.report(ok);
     }
 }
 
 impl Drop for Dispatch {
     fn drop(&mut self) {
-        self.0.outstanding.fetch_sub(1, Ordering::Relaxed);
+        self.backend.outstanding.fetch_sub(1, Ordering::Relaxed);
+        self.endpoint.outstanding.fetch_sub(1, Ordering::Relaxed);
     }
 }
 
@@ -111,6 +296,18 @@ struct Logged {
     least_loaded: bool,
     /// Backends that failed to connect before this choice.
     failover_from: Vec<Arc<str>>,
+    /// The choice within the backend's pool, when it has several endpoints.
+    pool: Option<LoggedPick>,
+    /// The endpoint the request went to.
+    endpoint: Option<Arc<str>>,
+}
+
+#[derive(Clone)]
+struct LoggedPick {
+    settings: crate::config::PoolSettings,
+    views: Vec<EndpointView>,
+    blocks: u32,
+    draw: Draw,
 }
 
 impl Logged {
@@ -125,6 +322,13 @@ impl Logged {
             let from: Vec<&str> = self.failover_from.iter().map(|n| &**n).collect();
             explanation = format!("failover from {} (connect failed): {explanation}", from.join(", "));
         }
+        let (endpoint_reason, endpoint_explanation) = match &self.pool {
+            Some(p) => {
+                let k = super::pool::pick(&p.settings, &p.views, p.blocks, p.draw);
+                (Some(k.reason.as_str()), Some(k.explanation))
+            }
+            None => (None, None),
+        };
         DecisionLog {
             unix_ms: self.unix_ms,
             route: self.route.clone(),
@@ -132,6 +336,9 @@ impl Logged {
             backend: self.backend.clone(),
             reason: self.reason.as_str(),
             explanation,
+            endpoint: self.endpoint.clone(),
+            endpoint_reason,
+            endpoint_explanation,
         }
     }
 }
@@ -145,20 +352,51 @@ pub struct DecisionLog {
     pub backend: Arc<str>,
     pub reason: &'static str,
     pub explanation: String,
+    /// The endpoint within the backend's pool, and why that one (pools of several only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<Arc<str>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint_reason: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub endpoint_explanation: Option<String>,
 }
 
-/// A routing choice: the backend's index in the snapshot and the reason.
+/// A routing choice: the backend's index in the snapshot, its endpoint and the reasons.
 pub struct Choice {
     pub backend: usize,
     pub reason: Reason,
+    /// `None`: the backend has no endpoint left for this request (its pool is empty, or each
+    /// one failed it already).
+    pub endpoint: Option<Arc<Endpoint>>,
+    pub pick: PickReason,
     /// Every usable candidate is at its max_concurrency: the request must be refused (503 +
     /// Retry-After), not queued inside the proxy. `backend` is then meaningless.
     pub at_capacity: bool,
+    /// Every endpoint of every candidate is saturated and the class sheds: refuse with 429.
+    pub shed: Option<String>,
 }
+
+/// What one choice needs to know of the request beyond the route.
+pub struct Ask<'a> {
+    pub slo: SloHeaders,
+    pub id: u64,
+    /// Backends (snapshot indices) with no endpoint left for this request.
+    pub tried: &'a [usize],
+    /// Endpoints that failed to connect for it.
+    pub tried_endpoints: &'a [Arc<Endpoint>],
+    /// The prompt's JSON text, for prefix affinity.
+    pub prompt: Option<&'a [u8]>,
+    /// The recorder's per-endpoint windows, by backend then endpoint label.
+    pub endpoint_windows: &'a EndpointWindows,
+}
+
+pub use crate::meter::window::EndpointWindows;
 
 pub struct Router {
     decisions: Mutex<VecDeque<Logged>>,
     metric: prometheus::IntCounterVec,
+    /// `goodput_endpoint_decisions_total{backend, endpoint, reason}`.
+    endpoint_metric: Option<prometheus::IntCounterVec>,
     /// Statistics read back from Prometheus; `None`: the local windows.
     remote: ArcSwapOption<HashMap<String, Stats>>,
 }
@@ -229,7 +467,18 @@ pub fn draw(id: u64) -> Draw {
 
 impl Router {
     pub fn new(metric: prometheus::IntCounterVec) -> Router {
-        Router { decisions: Mutex::new(VecDeque::new()), metric, remote: ArcSwapOption::empty() }
+        Router {
+            decisions: Mutex::new(VecDeque::new()),
+            metric,
+            endpoint_metric: None,
+            remote: ArcSwapOption::empty(),
+        }
+    }
+
+    /// Count choices within pools in this metric too.
+    pub fn with_endpoint_metric(mut self, m: prometheus::IntCounterVec) -> Router {
+        self.endpoint_metric = Some(m);
+        self
     }
 
     /// Statistics from Prometheus replace the local windows (`None` goes back to them).
@@ -262,6 +511,7 @@ impl Router {
                 Candidate {
                     name: b.name.clone(),
                     healthy: b.state.healthy(now),
+                    saturated: b.state.saturated(&b.pool, now),
                     outstanding: b.state.outstanding(),
                     max_concurrency: b.max_concurrency,
                     price_input: b.price.input_per_1m,
@@ -272,32 +522,42 @@ impl Router {
             .collect()
     }
 
-    /// Choose a backend for one request. `tried` are backends (snapshot indices) that already
-    /// failed to connect for it: they are out, and the choice's reason becomes `failover`.
-    /// When no candidate is usable (every circuit open or at its limit) the request still goes
-    /// to the least loaded one, reason `no_healthy_backend`: goodput adds no failure mode of
-    /// its own, and the upstream's answer is what the client gets.
+    /// Choose a backend for one request, then an endpoint of its pool. Backends in
+    /// `ask.tried` are out and the choice's reason becomes `failover`. When no candidate is
+    /// usable (every circuit open, at its limit or saturated) the request still goes to the
+    /// least loaded one, reason `no_healthy_backend`: goodput adds no failure mode of its own,
+    /// and the upstream's answer is what the client gets; a class that sheds refuses instead.
     pub fn choose(
         &self,
         snap: &Snapshot,
         route: &ResolvedRoute,
-        slo: SloHeaders,
         local: &HashMap<String, WindowSnapshot>,
-        id: u64,
-        tried: &[usize],
+        ask: &Ask<'_>,
     ) -> Choice {
+        let tried = ask.tried;
         let mut cands = self.candidates(snap, route, local);
         for (k, &i) in route.candidates.iter().enumerate() {
             if tried.contains(&i) {
                 cands[k].healthy = false;
             }
         }
-        let class = if slo.is_empty() { route.class.clone() } else { slo.apply(&route.class) };
-        let draw = draw(id ^ tried.len() as u64);
+        let class = if ask.slo.is_empty() { route.class.clone() } else { ask.slo.apply(&route.class) };
+        let draw = draw(ask.id ^ tried.len() as u64 ^ ((ask.tried_endpoints.len() as u64) << 32));
         let d: Decision = choose(&class, &cands, &snap.policy, draw);
+        let refuse = |at_capacity, shed| Choice {
+            backend: 0,
+            reason: Reason::NoHealthyBackend,
+            endpoint: None,
+            pick: PickReason::NoHealthyEndpoint,
+            at_capacity,
+            shed,
+        };
         let (k, mut reason) = match d.backend {
             Some(k) => (k, d.reason),
             None => {
+                if let Some(why) = self.shed(snap, route, ask, &class) {
+                    return refuse(false, Some(why));
+                }
                 // Open circuits do not refuse (the upstream's answer is what the client
                 // gets), but a configured concurrency limit is a promise to the backend.
                 let has_room =
@@ -306,21 +566,45 @@ impl Router {
                     .filter(|k| !tried.contains(&route.candidates[*k]) && has_room(k))
                     .min_by_key(|&k| cands[k].outstanding)
                 else {
-                    return Choice { backend: 0, reason: Reason::NoHealthyBackend, at_capacity: true };
+                    return refuse(true, None);
                 };
                 (k, Reason::NoHealthyBackend)
             }
         };
-        if !tried.is_empty() {
+        if !tried.is_empty() || !ask.tried_endpoints.is_empty() {
             reason = Reason::Failover;
         }
         let backend = route.candidates[k];
         let b = &snap.backends[backend];
-        b.state.breaker().allow(Instant::now());
+        // The endpoint within the backend's pool.
+        let blocks = match ask.prompt {
+            Some(p) if b.is_pool && b.pool.weights.prefix > 0.0 => {
+                super::pool::prompt_blocks(p, b.pool.prefix.block_bytes, b.pool.prefix.max_prompt_blocks)
+            }
+            _ => Vec::new(),
+        };
+        let min = snap.policy.min_samples;
+        let windows = ask.endpoint_windows.get(&*b.name);
+        let ttft = |label: &str| {
+            windows?
+                .get(label)
+                .filter(|w| w.counts.requests >= min)
+                .and_then(|w| w.ttft.p95)
+                .map(|s| s * 1000.0)
+        };
+        let pool_ask =
+            PoolAsk { settings: &b.pool, blocks: &blocks, ttft_p95_ms: &ttft, tried: ask.tried_endpoints };
+        let pool_draw = super::router::draw(ask.id.rotate_left(17) ^ ask.tried_endpoints.len() as u64);
+        let picked = b.state.pick(&pool_ask, pool_draw);
         let counter = || self.metric.with_label_values(&[&*route.name, &*b.name, reason.as_str()]);
         match route.decided.get(k * Reason::COUNT + reason as usize) {
             Some(c) => c.get_or_init(counter).inc(),
             None => counter().inc(),
+        }
+        if let (Some(e), Some(m)) = (&picked.endpoint, &self.endpoint_metric) {
+            e.decided[picked.reason as usize]
+                .get_or_init(|| m.with_label_values(&[&*b.name, &*e.label, picked.reason.as_str()]))
+                .inc();
         }
         let keep = snap.config.routing.recent_decisions;
         if keep > 0 {
@@ -336,6 +620,13 @@ impl Router {
                 draw,
                 least_loaded: d.backend.is_none(),
                 failover_from: tried.iter().map(|&i| snap.backends[i].name.clone()).collect(),
+                pool: (picked.views.len() > 1 || b.is_pool).then(|| LoggedPick {
+                    settings: b.pool.clone(),
+                    views: picked.views,
+                    blocks: blocks.len() as u32,
+                    draw: pool_draw,
+                }),
+                endpoint: picked.endpoint.as_ref().map(|e| e.label.clone()),
             };
             let mut q = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
             q.push_back(log);
@@ -343,7 +634,58 @@ impl Router {
                 q.pop_front();
             }
         }
-        Choice { backend, reason, at_capacity: false }
+        Choice {
+            backend,
+            reason,
+            endpoint: picked.endpoint,
+            pick: picked.reason,
+            at_capacity: false,
+            shed: None,
+        }
+    }
+
+    /// Why a request of a class that sheds is refused: every endpoint of every candidate
+    /// backend is saturated, or would keep it waiting past its TTFT objective (the queue ×
+    /// the time a queued request waits there, from goodput's measurements: e2e p50 / the
+    /// running batch). `None`: send it.
+    fn shed(&self, snap: &Snapshot, route: &ResolvedRoute, ask: &Ask<'_>, class: &Class) -> Option<String> {
+        if !route.shed {
+            return None;
+        }
+        let now = Instant::now();
+        let slo_ttft = ask.slo.ttft_ms.or(class.ttft_p95_ms);
+        let mut worst = Vec::new();
+        for &i in &route.candidates {
+            let b = &snap.backends[i];
+            let windows = ask.endpoint_windows.get(&*b.name);
+            for e in b.state.endpoints().iter() {
+                let v = e.view(now, 0, None);
+                if !v.healthy {
+                    continue;
+                }
+                if v.saturated(&b.pool) {
+                    worst.push(format!("{}/{} saturated", b.name, e.label));
+                    continue;
+                }
+                let w = windows
+                    .and_then(|w| w.get(&*e.label))
+                    .filter(|w| w.counts.requests >= snap.policy.min_samples);
+                let predicted = match (v.waiting, w.and_then(|w| w.e2e.p50), w.and_then(|w| w.ttft.p50)) {
+                    (Some(q), Some(e2e), Some(ttft)) => {
+                        Some((q * e2e / v.running.unwrap_or(1.0).max(1.0) + ttft) * 1000.0)
+                    }
+                    _ => None,
+                };
+                match (predicted, slo_ttft) {
+                    (Some(p), Some(slo)) if p > slo => {
+                        worst.push(format!("{}/{} predicted TTFT {p:.0} ms > {slo:.0} ms", b.name, e.label))
+                    }
+                    // Room somewhere: send it.
+                    _ => return None,
+                }
+            }
+        }
+        (!worst.is_empty()).then(|| worst.join("; "))
     }
 
     /// The most recent decisions, newest first.

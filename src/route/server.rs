@@ -1,8 +1,9 @@
 //! What an upstream server says about itself, read beside goodput's own measurements: the model
 //! names it serves (`/v1/models`) and its load as vLLM reports it on `/metrics` (queue, running
-//! requests, KV-cache usage, prefix-cache hits, preemptions). One task watches every backend
-//! that has a URL; what it learns lives in the backend's `BackendState`, so it survives a
-//! reload and the router and `/admin/backends` read it with one atomic load.
+//! requests, KV-cache usage, prefix-cache hits, preemptions), endpoint by endpoint. One task
+//! watches every backend that has a server (and refreshes discovered pools from DNS); what it
+//! learns lives in the backend's `BackendState` and its endpoints, so it survives a reload and
+//! the router and `/admin/backends` read it with one atomic load.
 
 use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
@@ -15,6 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use super::router::Endpoint;
 use crate::config::ConfigHandle;
 use crate::config::reload::ResolvedBackend;
 use crate::meter::metrics::Metrics;
@@ -130,12 +132,10 @@ pub struct ServerView {
     pub at: Instant,
 }
 
-/// Per backend: the latest view of the server (`None`: unknown, stale or not exported) and
-/// the model names it serves.
+/// Per endpoint: the latest view of its server (`None`: unknown, stale or not exported).
 #[derive(Default)]
 pub struct ServerSignals {
     view: ArcSwapOption<ServerView>,
-    models: ArcSwap<Vec<Arc<str>>>,
     watch: Mutex<Watch>,
     busy: AtomicBool,
 }
@@ -143,28 +143,42 @@ pub struct ServerSignals {
 #[derive(Default)]
 struct Watch {
     next_metrics: Option<Instant>,
-    next_models: Option<Instant>,
     /// (when, queries, hits) over the last HIT_RATIO_SPAN, for the hit ratio.
     prefix: VecDeque<(Instant, f64, f64)>,
     last_preemptions: Option<f64>,
     last_ok: Option<Instant>,
-    /// Whether the models list has been read once.
-    models_known: bool,
+}
+
+/// Per backend: the model names its server lists on `/v1/models`.
+#[derive(Default)]
+pub struct Models {
+    names: ArcSwap<Vec<Arc<str>>>,
+    /// (next poll, whether the list has been read once)
+    watch: Mutex<(Option<Instant>, bool)>,
+    busy: AtomicBool,
+}
+
+impl Models {
+    /// The served name `requested`, if the server listed it.
+    pub fn get(&self, requested: &str) -> Option<Arc<str>> {
+        self.names.load().iter().find(|m| &***m == requested).cloned()
+    }
+
+    pub fn all(&self) -> Arc<Vec<Arc<str>>> {
+        self.names.load_full()
+    }
+
+    fn set(&self, mut names: Vec<Arc<str>>) {
+        names.truncate(MAX_DISCOVERED_MODELS);
+        self.watch.lock().unwrap_or_else(|p| p.into_inner()).1 = true;
+        self.names.store(Arc::new(names));
+    }
 }
 
 impl ServerSignals {
     /// The server's own state, when a recent scrape gave one.
     pub fn view(&self) -> Option<Arc<ServerView>> {
         self.view.load_full()
-    }
-
-    /// The served name `requested`, if the server listed it.
-    pub fn model(&self, requested: &str) -> Option<Arc<str>> {
-        self.models.load().iter().find(|m| &***m == requested).cloned()
-    }
-
-    pub fn models(&self) -> Arc<Vec<Arc<str>>> {
-        self.models.load_full()
     }
 
     fn watch(&self) -> std::sync::MutexGuard<'_, Watch> {
@@ -209,18 +223,13 @@ impl ServerSignals {
         }
         false
     }
-
-    fn set_models(&self, mut names: Vec<Arc<str>>) {
-        names.truncate(MAX_DISCOVERED_MODELS);
-        self.watch().models_known = true;
-        self.models.store(Arc::new(names));
-    }
 }
 
 type HttpClient = Client<crate::tls::Connector, Empty<Bytes>>;
 
-/// Watch every backend with a URL: `/metrics` where `server_metrics` is on, `/v1/models`
-/// where the config lists no `models`. Backends come and go with reloads.
+/// Watch every backend with a server: each endpoint's `/metrics` where `server_metrics` is
+/// on, `/v1/models` where the config lists no `models`, and DNS where the pool is discovered.
+/// Backends and endpoints come and go with reloads and DNS answers.
 pub fn spawn_watcher(config: Arc<ConfigHandle>, metrics: Metrics, connector: crate::tls::Connector) {
     let client: HttpClient = Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
@@ -234,38 +243,46 @@ pub fn spawn_watcher(config: Arc<ConfigHandle>, metrics: Metrics, connector: cra
             let snap = config.load_full();
             let now = Instant::now();
             for b in &snap.backends {
-                if b.sim.is_some() || b.state.server.busy.load(Ordering::Relaxed) {
+                if b.sim.is_some() {
                     continue;
                 }
                 let cfg = snap.config.backends.iter().find(|c| *c.name == *b.name);
                 let Some(cfg) = cfg else { continue };
-                // Turned off by a reload: what it read last goes, not left to go stale.
-                if !cfg.server_metrics.enabled && b.state.server.view.swap(None).is_some() {
-                    metrics.remove_server(&b.name);
+                if let Some(d) = &cfg.discovery {
+                    super::discovery::poll(b, d, &metrics, now);
                 }
-                let (want_metrics, want_models) = {
-                    let w = b.state.server.watch();
-                    let due = |t: Option<Instant>| t.is_none_or(|t| now >= t);
-                    (
-                        cfg.server_metrics.enabled && due(w.next_metrics),
-                        cfg.models.is_empty() && due(w.next_models),
-                    )
-                };
-                if !(want_metrics || want_models) {
-                    continue;
-                }
-                b.state.server.busy.store(true, Ordering::Relaxed);
-                let (b, client, m) = (b.clone(), client.clone(), metrics.clone());
-                let sm = cfg.server_metrics.clone();
-                tokio::spawn(async move {
-                    if want_metrics {
-                        scrape(&client, &b, &sm, &m).await;
+                let interval = cfg.server_metrics_interval();
+                for e in b.state.endpoints().iter() {
+                    let signals = &e.server;
+                    // Turned off by a reload: what it read last goes, not left to go stale.
+                    if !cfg.server_metrics.enabled {
+                        if signals.view.swap(None).is_some() {
+                            metrics.remove_server(&b.name, &e.label);
+                        }
+                        continue;
                     }
-                    if want_models {
+                    if signals.busy.load(Ordering::Relaxed)
+                        || signals.watch().next_metrics.is_some_and(|t| now < t)
+                    {
+                        continue;
+                    }
+                    signals.busy.store(true, Ordering::Relaxed);
+                    let (b, e, client, m) = (b.clone(), e.clone(), client.clone(), metrics.clone());
+                    let path = cfg.server_metrics.path.clone();
+                    tokio::spawn(async move {
+                        scrape(&client, &b, &e, &path, interval, &m).await;
+                        e.server.busy.store(false, Ordering::Relaxed);
+                    });
+                }
+                let models = &b.state.models;
+                let due = models.watch.lock().unwrap_or_else(|p| p.into_inner()).0.is_none_or(|t| now >= t);
+                if cfg.models.is_empty() && due && !models.busy.swap(true, Ordering::Relaxed) {
+                    let (b, client) = (b.clone(), client.clone());
+                    tokio::spawn(async move {
                         discover(&client, &b).await;
-                    }
-                    b.state.server.busy.store(false, Ordering::Relaxed);
-                });
+                        b.state.models.busy.store(false, Ordering::Relaxed);
+                    });
+                }
             }
         }
     });
@@ -325,14 +342,20 @@ async fn get(
     .unwrap_or_else(|_| Err(Fail::Unreachable(format!("no answer within {timeout:?}"))))
 }
 
-async fn scrape(client: &HttpClient, b: &ResolvedBackend, sm: &crate::config::ServerMetrics, m: &Metrics) {
-    let interval = Duration::from_millis(sm.interval_ms);
+async fn scrape(
+    client: &HttpClient,
+    b: &ResolvedBackend,
+    e: &Endpoint,
+    path: &str,
+    interval: Duration,
+    m: &Metrics,
+) {
     let timeout = interval.clamp(Duration::from_millis(500), Duration::from_secs(5));
     let started = Instant::now();
     let uri = http::Uri::builder()
-        .scheme(b.scheme.clone())
-        .authority(b.authority.clone())
-        .path_and_query(sm.path.as_str())
+        .scheme(e.scheme.clone())
+        .authority(e.authority.clone())
+        .path_and_query(path)
         .build();
     let types = ["text/plain", "application/openmetrics-text"];
     let result = match uri {
@@ -344,19 +367,19 @@ async fn scrape(client: &HttpClient, b: &ResolvedBackend, sm: &crate::config::Se
             .ok_or_else(|| Fail::Unusable("no vLLM metrics in it".into()))
     });
     let now = Instant::now();
-    let signals = &b.state.server;
+    let signals = &e.server;
     let next = match reading {
         Ok(r) => {
             let (view, preempted) = signals.update(r, now);
-            m.set_server(&b.name, Some(&view), preempted);
+            m.set_server(&b.name, &e.label, Some(&view), preempted);
             started + interval
         }
         Err(fail) => {
             // Three intervals without an answer and the signals are unknown, not stale numbers.
             if signals.failed(now, 3 * interval) {
-                m.set_server(&b.name, None, 0.0);
+                m.set_server(&b.name, &e.label, None, 0.0);
             }
-            tracing::debug!(backend = %b.name, "server metrics: {fail}");
+            tracing::debug!(backend = %b.name, endpoint = %e.label, "server metrics: {fail}");
             match fail {
                 Fail::Unreachable(_) => started + interval,
                 Fail::Unusable(_) => now + NO_METRICS_RETRY,
@@ -366,33 +389,39 @@ async fn scrape(client: &HttpClient, b: &ResolvedBackend, sm: &crate::config::Se
     signals.watch().next_metrics = Some(next);
 }
 
+/// The model names the backend serves, asked of its first endpoint that answers.
 async fn discover(client: &HttpClient, b: &ResolvedBackend) {
-    let uri = match b.uri(&http::uri::PathAndQuery::from_static("/v1/models")) {
-        Ok(u) => u,
-        Err(_) => return,
-    };
-    let names =
-        get(client, uri, b, Duration::from_secs(5), &["application/json"], 1 << 20).await.and_then(|body| {
-            let v: serde_json::Value =
-                serde_json::from_slice(&body).map_err(|e| Fail::Unusable(e.to_string()))?;
-            let data = v["data"].as_array().ok_or_else(|| Fail::Unusable("no `data` list".into()))?;
-            Ok(data.iter().filter_map(|m| m["id"].as_str()).map(Arc::from).collect::<Vec<Arc<str>>>())
-        });
-    let signals = &b.state.server;
+    let mut names = Err(Fail::Unreachable("no endpoint".into()));
+    for e in b.state.endpoints().iter() {
+        let Ok(uri) = b.uri(e, &http::uri::PathAndQuery::from_static("/v1/models")) else { continue };
+        names = get(client, uri, b, Duration::from_secs(5), &["application/json"], 1 << 20).await.and_then(
+            |body| {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&body).map_err(|e| Fail::Unusable(e.to_string()))?;
+                let data = v["data"].as_array().ok_or_else(|| Fail::Unusable("no `data` list".into()))?;
+                Ok(data.iter().filter_map(|m| m["id"].as_str()).map(Arc::from).collect::<Vec<Arc<str>>>())
+            },
+        );
+        if names.is_ok() {
+            break;
+        }
+    }
+    let models = &b.state.models;
     let known = match names {
         Ok(names) => {
-            if *signals.models() != names {
+            if *models.all() != names {
                 tracing::info!(backend = %b.name, models = ?names, "served models");
             }
-            signals.set_models(names);
+            models.set(names);
             true
         }
         Err(why) => {
             tracing::debug!(backend = %b.name, "/v1/models: {why}");
-            signals.watch().models_known
+            models.watch.lock().unwrap_or_else(|p| p.into_inner()).1
         }
     };
-    signals.watch().next_models = Some(Instant::now() + if known { MODELS_REFRESH } else { MODELS_RETRY });
+    models.watch.lock().unwrap_or_else(|p| p.into_inner()).0 =
+        Some(Instant::now() + if known { MODELS_REFRESH } else { MODELS_RETRY });
 }
 
 #[cfg(test)]
@@ -494,10 +523,10 @@ vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="smollm2"
 
     #[test]
     fn discovered_models_are_bounded() {
-        let s = ServerSignals::default();
-        s.set_models((0..100).map(|i| Arc::from(format!("m{i}"))).collect());
-        assert_eq!(s.models().len(), MAX_DISCOVERED_MODELS);
-        assert_eq!(s.model("m3").as_deref(), Some("m3"));
-        assert_eq!(s.model("m99"), None);
+        let s = Models::default();
+        s.set((0..100).map(|i| Arc::from(format!("m{i}"))).collect());
+        assert_eq!(s.all().len(), MAX_DISCOVERED_MODELS);
+        assert_eq!(s.get("m3").as_deref(), Some("m3"));
+        assert_eq!(s.get("m99"), None);
     }
 }

@@ -370,7 +370,9 @@ impl Engine {
         kind: &'static str,
     ) -> Option<String> {
         let permit = self.permits.acquire().await.ok()?;
-        let mut req = Request::post(format!("{}{}{path}", to.origin, to.base_path))
+        let endpoint = to.any_endpoint()?;
+        let target = http::uri::PathAndQuery::try_from(path).ok()?;
+        let mut req = Request::post(to.uri(&endpoint, &target).ok()?)
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::USER_AGENT, "goodput-shadow")
             .header(SHADOW_HEADER, "1")

@@ -1,0 +1,544 @@
+//! Choosing a replica within a backend's pool, after the SLA class has chosen the backend:
+//! what the Gateway API Inference Extension's endpoint picker and llm-d's scheduler do, with
+//! goodput's own measurements beside the servers' reports.
+//!
+//! 1. Filter: endpoints whose breaker is open (or that already failed this request) are out;
+//!    endpoints whose server reports a queue or KV cache past its threshold are saturated and
+//!    out while any other is left. A signal that is unknown (the scrape failed or went stale)
+//!    does not disqualify.
+//! 2. Score the rest, each signal 0-1 across the pool, weighted: queue (the server's waiting +
+//!    running, or goodput's own outstanding count when that is higher or the server's is
+//!    unknown), KV-cache headroom, prefix affinity (the share of the prompt's leading blocks
+//!    recently sent there) and goodput's measured TTFT p95 (trusted windows only).
+//! 3. The best; near-ties go to the less loaded of two drawn (power of two choices).
+//!
+//! `pick` is pure: views and draws come in as arguments, so each choice replays in a test and
+//! the decision log explains it after the fact.
+
+use serde::Serialize;
+use smallvec::SmallVec;
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Write;
+use std::sync::Arc;
+
+use super::decide::Draw;
+use crate::config::PoolSettings;
+
+/// One endpoint as a choice sees it.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct EndpointView {
+    pub label: Arc<str>,
+    /// The breaker lets a request through, and this request has not failed there already.
+    pub healthy: bool,
+    /// Requests goodput has sent there and not seen finish.
+    pub outstanding: u64,
+    /// What its server reports (`None`: unknown).
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    pub kv_cache: Option<f64>,
+    /// The prompt's leading blocks recently sent there.
+    pub matched: u32,
+    /// goodput's TTFT p95 of the endpoint, when its window has enough samples.
+    pub ttft_p95_ms: Option<f64>,
+}
+
+impl EndpointView {
+    /// The requests the endpoint holds: its server's count, or goodput's own when higher (the
+    /// scrape lags what goodput sent since) or when the server's is unknown.
+    pub fn load(&self) -> f64 {
+        let server = match (self.waiting, self.running) {
+            (None, None) => None,
+            (w, r) => Some(w.unwrap_or(0.0) + r.unwrap_or(0.0)),
+        };
+        server.map_or(self.outstanding as f64, |s| s.max(self.outstanding as f64))
+    }
+
+    fn known(&self) -> bool {
+        self.waiting.is_some() || self.running.is_some() || self.kv_cache.is_some()
+    }
+
+    pub fn saturated(&self, p: &PoolSettings) -> bool {
+        self.saturation(p).is_some()
+    }
+
+    fn saturation(&self, p: &PoolSettings) -> Option<String> {
+        if let Some(w) = self.waiting.filter(|w| *w > p.max_waiting) {
+            return Some(format!("{w:.0} waiting > {:.0}", p.max_waiting));
+        }
+        if let Some(k) = self.kv_cache.filter(|k| *k > p.max_kv_cache) {
+            return Some(format!("KV cache {:.0}% > {:.0}%", k * 100.0, p.max_kv_cache * 100.0));
+        }
+        None
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PickReason {
+    /// The pool has one usable endpoint.
+    OnlyEndpoint,
+    /// The longest run of the prompt's blocks was sent there.
+    PrefixHit,
+    LeastQueue,
+    KvHeadroom,
+    LowestLatency,
+    /// The scores were within `near_tie`: the less loaded of two drawn.
+    NearTie,
+    /// No endpoint's server reported its state: goodput's own counts decided.
+    FallbackUnknown,
+    /// Every healthy endpoint is saturated: the least loaded.
+    AllSaturated,
+    /// No endpoint's breaker lets a request through: the least loaded (goodput adds no
+    /// failure mode; the upstream's answer is what the client gets).
+    NoHealthyEndpoint,
+}
+
+impl PickReason {
+    pub const COUNT: usize = 9;
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PickReason::OnlyEndpoint => "only_endpoint",
+            PickReason::PrefixHit => "prefix_hit",
+            PickReason::LeastQueue => "least_queue",
+            PickReason::KvHeadroom => "kv_headroom",
+            PickReason::LowestLatency => "lowest_latency",
+            PickReason::NearTie => "near_tie",
+            PickReason::FallbackUnknown => "fallback_unknown",
+            PickReason::AllSaturated => "all_saturated",
+            PickReason::NoHealthyEndpoint => "no_healthy_endpoint",
+        }
+    }
+}
+
+const _: () = assert!(PickReason::NoHealthyEndpoint as usize + 1 == PickReason::COUNT);
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pick {
+    /// Index into the views; `None` when the pool is empty or every endpoint failed already.
+    pub index: Option<usize>,
+    pub reason: PickReason,
+    pub explanation: String,
+}
+
+type Idx = SmallVec<[usize; 16]>;
+
+/// Min-max scaled so that the best is 1 and the worst 0 (`lower_is_better`); all 1 when they
+/// are equal. Unknown values score the mean of the known ones, so that they neither win nor
+/// lose on that signal.
+fn scaled(xs: &[Option<f64>], lower_is_better: bool) -> SmallVec<[f64; 16]> {
+    let known = xs.iter().flatten();
+    let (lo, hi) = known.clone().fold((f64::INFINITY, f64::NEG_INFINITY), |(l, h), &x| (l.min(x), h.max(x)));
+    let s = |x: f64| {
+        if hi > lo {
+            let t = (x - lo) / (hi - lo);
+            if lower_is_better { 1.0 - t } else { t }
+        } else {
+            1.0
+        }
+    };
+    let n = known.clone().count();
+    let mean = if n == 0 { 1.0 } else { known.map(|&x| s(x)).sum::<f64>() / n as f64 };
+    xs.iter().map(|x| x.map_or(mean, s)).collect()
+}
+
+/// Choose an endpoint for a prompt of `blocks` whole blocks.
+pub fn pick(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw) -> Pick {
+    pick_with(p, eps, blocks, d, true)
+}
+
+/// `pick` without the explanation (the request path; the log explains later).
+pub fn choose(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw) -> Pick {
+    pick_with(p, eps, blocks, d, false)
+}
+
+fn pick_with(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw, explain: bool) -> Pick {
+    let mut why = String::new();
+    let healthy: Idx = (0..eps.len()).filter(|&i| eps[i].healthy).collect();
+    let least_loaded = |among: &[usize]| {
+        among.iter().copied().min_by(|&a, &b| eps[a].load().total_cmp(&eps[b].load()).then(a.cmp(&b)))
+    };
+    if healthy.is_empty() {
+        return Pick {
+            index: least_loaded(&(0..eps.len()).collect::<Idx>()),
+            reason: PickReason::NoHealthyEndpoint,
+            explanation: if explain {
+                "no endpoint's circuit is closed: the least loaded".into()
+            } else {
+                String::new()
+            },
+        };
+    }
+    let open: Idx = healthy
+        .iter()
+        .copied()
+        .filter(|&i| match eps[i].saturation(p) {
+            Some(s) => {
+                if explain {
+                    let _ = write!(why, "; {} saturated ({s})", eps[i].label);
+                }
+                false
+            }
+            None => true,
+        })
+        .collect();
+    if open.is_empty() {
+        let i = least_loaded(&healthy).expect("healthy is not empty");
+        return Pick {
+            index: Some(i),
+            reason: PickReason::AllSaturated,
+            explanation: if explain {
+                format!("all_saturated: the least loaded, {} (load {:.0}){why}", eps[i].label, eps[i].load())
+            } else {
+                String::new()
+            },
+        };
+    }
+    if open.len() == 1 {
+        let i = open[0];
+        return Pick {
+            index: Some(i),
+            reason: PickReason::OnlyEndpoint,
+            explanation: if explain {
+                format!("only_endpoint: {}{why}", eps[i].label)
+            } else {
+                String::new()
+            },
+        };
+    }
+    // Each signal scaled over the open endpoints.
+    let pick_of =
+        |f: &dyn Fn(&EndpointView) -> Option<f64>| open.iter().map(|&i| f(&eps[i])).collect::<Idx2>();
+    type Idx2 = SmallVec<[Option<f64>; 16]>;
+    let queue = scaled(&pick_of(&|e| Some(e.load())), true);
+    let kv = scaled(&pick_of(&|e| e.kv_cache), true);
+    let latency = scaled(&pick_of(&|e| e.ttft_p95_ms), true);
+    let prefix: SmallVec<[f64; 16]> = open
+        .iter()
+        .map(|&i| if blocks == 0 { 0.0 } else { f64::from(eps[i].matched.min(blocks)) / f64::from(blocks) })
+        .collect();
+    let w = p.weights;
+    let terms =
+        |k: usize| [w.queue * queue[k], w.kv_cache * kv[k], w.prefix * prefix[k], w.latency * latency[k]];
+    let total = |k: usize| terms(k).iter().sum::<f64>();
+    let best = (0..open.len()).map(total).fold(f64::NEG_INFINITY, f64::max);
+    let span = w.queue + w.kv_cache + w.prefix + w.latency;
+    let near: Idx = (0..open.len()).filter(|&k| total(k) >= best - p.near_tie * span).collect();
+    let (x, y) = (near[d.a % near.len()], near[d.b % near.len()]);
+    let k = if near.len() == 1 {
+        near[0]
+    } else if eps[open[y]].load() < eps[open[x]].load()
+        || (eps[open[y]].load() == eps[open[x]].load() && total(y) > total(x))
+    {
+        y
+    } else {
+        x
+    };
+    // The reason: the signal that most separates the choice from the best of the others.
+    let runner = (0..open.len())
+        .filter(|&j| j != k)
+        .max_by(|&a, &b| total(a).total_cmp(&total(b)))
+        .expect("two or more");
+    let reason = if near.len() > 1 {
+        if eps[open[k]].load() < eps[open[runner]].load() {
+            PickReason::LeastQueue
+        } else {
+            PickReason::NearTie
+        }
+    } else {
+        let (tk, tr) = (terms(k), terms(runner));
+        let lead = (0..4).max_by(|&a, &b| (tk[a] - tr[a]).total_cmp(&(tk[b] - tr[b]))).expect("four terms");
+        match lead {
+            0 => PickReason::LeastQueue,
+            1 => PickReason::KvHeadroom,
+            2 => PickReason::PrefixHit,
+            _ => PickReason::LowestLatency,
+        }
+    };
+    let reason = if !matches!(reason, PickReason::PrefixHit) && !open.iter().any(|&i| eps[i].known()) {
+        PickReason::FallbackUnknown
+    } else {
+        reason
+    };
+    let explanation = if explain {
+        let mut s = format!("{}: {}", reason.as_str(), eps[open[k]].label);
+        for (j, &i) in open.iter().enumerate() {
+            let e = &eps[i];
+            let _ = write!(s, "; {} score {:.2} (load {:.0}", e.label, total(j), e.load());
+            if let Some(kv) = e.kv_cache {
+                let _ = write!(s, ", KV {:.0}%", kv * 100.0);
+            }
+            if blocks > 0 {
+                let _ = write!(s, ", prefix {}/{blocks}", e.matched.min(blocks));
+            }
+            if let Some(t) = e.ttft_p95_ms {
+                let _ = write!(s, ", ttft p95 {t:.0} ms");
+            }
+            if !e.known() {
+                s.push_str(", server unknown");
+            }
+            s.push(')');
+        }
+        if near.len() > 1 {
+            let _ = write!(s, "; {} near-ties, the less loaded of two drawn", near.len());
+        }
+        s + &why
+    } else {
+        String::new()
+    };
+    Pick { index: Some(open[k]), reason, explanation }
+}
+
+/// The prompt's whole blocks as a chain of hashes: each covers its block and every block
+/// before it, so that one hash stands for the whole prefix up to it (as vLLM's block hashes
+/// do). At most `max` blocks.
+pub fn prompt_blocks(prompt: &[u8], block: usize, max: usize) -> Vec<u64> {
+    // Fixed seeds: the same prompt hashes the same across reloads (the index survives them).
+    let h = ahash::RandomState::with_seeds(0x676f_6f64, 0x7075_7400, 0x706f_6f6c, 0x7072_6566);
+    let mut prev = 0u64;
+    prompt
+        .chunks_exact(block.max(1))
+        .take(max)
+        .map(|b| {
+            prev = h.hash_one((prev, b));
+            prev
+        })
+        .collect()
+}
+
+/// Which block chains were recently sent to which endpoint: per endpoint a bounded set of
+/// hashes, the least recently sent forgotten first (an approximation of what its prefix cache
+/// still holds).
+#[derive(Default)]
+pub struct PrefixIndex {
+    per: HashMap<Arc<str>, Lru>,
+}
+
+impl PrefixIndex {
+    /// How many of `blocks`' leading blocks were sent to `endpoint` and not forgotten.
+    pub fn matched(&self, endpoint: &str, blocks: &[u64]) -> u32 {
+        let Some(lru) = self.per.get(endpoint) else { return 0 };
+        blocks.iter().take_while(|h| lru.map.contains_key(h)).count() as u32
+    }
+
+    /// `blocks` were sent to `endpoint`. The first blocks are the most shared: they are
+    /// touched last, so they are the last forgotten.
+    pub fn sent(&mut self, endpoint: &Arc<str>, blocks: &[u64], capacity: usize) {
+        if blocks.is_empty() {
+            return;
+        }
+        let lru = self.per.entry(endpoint.clone()).or_default();
+        for &h in blocks.iter().rev() {
+            lru.touch(h, capacity);
+        }
+    }
+
+    /// Endpoints that left the pool leave the index.
+    pub fn retain(&mut self, keep: impl Fn(&str) -> bool) {
+        self.per.retain(|k, _| keep(k));
+    }
+
+    pub fn len(&self, endpoint: &str) -> usize {
+        self.per.get(endpoint).map_or(0, |l| l.map.len())
+    }
+}
+
+/// A bounded set with least-recently-used eviction: `map` holds each hash's last use, `log`
+/// the uses in order; a log entry whose stamp is not the hash's last use is stale and skipped.
+#[derive(Default)]
+struct Lru {
+    stamp: u64,
+    map: HashMap<u64, u64>,
+    log: VecDeque<(u64, u64)>,
+}
+
+impl Lru {
+    fn touch(&mut self, h: u64, capacity: usize) {
+        self.stamp += 1;
+        self.map.insert(h, self.stamp);
+        self.log.push_back((h, self.stamp));
+        while self.map.len() > capacity {
+            let Some((old, at)) = self.log.pop_front() else { break };
+            if self.map.get(&old) == Some(&at) {
+                self.map.remove(&old);
+            }
+        }
+        if self.log.len() > 2 * capacity + 64 {
+            let map = &self.map;
+            self.log.retain(|(h, at)| map.get(h) == Some(at));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ep(label: &str, outstanding: u64, waiting: Option<f64>, kv: Option<f64>) -> EndpointView {
+        EndpointView {
+            label: Arc::from(label),
+            healthy: true,
+            outstanding,
+            waiting,
+            running: waiting.map(|_| 0.0),
+            kv_cache: kv,
+            matched: 0,
+            ttft_p95_ms: None,
+        }
+    }
+
+    const D: Draw = Draw { explore: 0.5, a: 0, b: 1 };
+
+    #[test]
+    fn the_shorter_queue_wins_and_says_so() {
+        let p = PoolSettings::default();
+        let eps = [ep("a", 0, Some(4.0), Some(0.1)), ep("b", 0, Some(0.0), Some(0.1))];
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::LeastQueue), "{}", k.explanation);
+        assert!(k.explanation.starts_with("least_queue: b"), "{}", k.explanation);
+        assert_eq!(choose(&p, &eps, 0, D).index, k.index, "the same choice without words");
+    }
+
+    #[test]
+    fn goodputs_own_count_covers_the_scrapes_lag() {
+        let p = PoolSettings::default();
+        // The server said 0 at its last scrape; goodput has sent 3 since.
+        let eps = [ep("a", 3, Some(0.0), None), ep("b", 1, Some(1.0), None)];
+        assert_eq!(pick(&p, &eps, 0, D).index, Some(1));
+    }
+
+    #[test]
+    fn kv_headroom_decides_between_equal_queues() {
+        let p = PoolSettings { near_tie: 0.0, ..Default::default() };
+        let eps = [ep("a", 1, Some(0.0), Some(0.85)), ep("b", 1, Some(0.0), Some(0.2))];
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::KvHeadroom), "{}", k.explanation);
+    }
+
+    #[test]
+    fn saturated_endpoints_are_filtered_and_all_saturated_takes_the_least_loaded() {
+        let p = PoolSettings::default();
+        let eps = [
+            ep("a", 0, Some(9.0), Some(0.1)),
+            ep("b", 5, Some(2.0), Some(0.95)),
+            ep("c", 2, Some(1.0), Some(0.3)),
+        ];
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(2), PickReason::OnlyEndpoint));
+        assert!(k.explanation.contains("a saturated (9 waiting > 5)"), "{}", k.explanation);
+        assert!(k.explanation.contains("b saturated (KV cache 95% > 90%)"), "{}", k.explanation);
+        let eps = [ep("a", 0, Some(9.0), None), ep("b", 0, Some(7.0), None)];
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::AllSaturated));
+    }
+
+    #[test]
+    fn unknown_signals_do_not_disqualify_and_fall_back_to_goodputs_counts() {
+        let p = PoolSettings::default();
+        let eps = [ep("a", 4, None, None), ep("b", 1, None, None)];
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::FallbackUnknown), "{}", k.explanation);
+        assert!(k.explanation.contains("server unknown"));
+        // One known, one unknown: the unknown one is not out.
+        let eps = [ep("a", 0, Some(0.0), Some(0.5)), ep("b", 0, None, None)];
+        let k = pick(&p, &eps, 0, Draw { a: 1, b: 1, explore: 0.0 });
+        assert!(k.index.is_some());
+    }
+
+    #[test]
+    fn unhealthy_endpoints_are_out_and_none_left_takes_the_least_loaded() {
+        let p = PoolSettings::default();
+        let mut eps = [ep("a", 0, Some(0.0), None), ep("b", 3, Some(3.0), None)];
+        eps[0].healthy = false;
+        assert_eq!(pick(&p, &eps, 0, D).index, Some(1));
+        eps[1].healthy = false;
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(0), PickReason::NoHealthyEndpoint));
+        assert_eq!(pick(&p, &[], 0, D).index, None);
+    }
+
+    #[test]
+    fn the_longest_prefix_wins_unless_it_is_saturated() {
+        let p = PoolSettings::default();
+        let mut eps = [ep("a", 2, Some(1.0), Some(0.3)), ep("b", 0, Some(0.0), Some(0.1))];
+        eps[0].matched = 8;
+        let k = pick(&p, &eps, 10, D);
+        assert_eq!((k.index, k.reason), (Some(0), PickReason::PrefixHit), "{}", k.explanation);
+        assert!(k.explanation.contains("prefix 8/10"), "{}", k.explanation);
+        // A short match does not outweigh a long queue.
+        eps[0].matched = 1;
+        eps[0].waiting = Some(4.0);
+        assert_eq!(pick(&p, &eps, 10, D).index, Some(1));
+        // Saturated: out whatever it holds.
+        eps[0].matched = 10;
+        eps[0].waiting = Some(6.0);
+        assert_eq!(pick(&p, &eps, 10, D).index, Some(1));
+    }
+
+    #[test]
+    fn measured_latency_counts_when_trusted() {
+        let p = PoolSettings { near_tie: 0.0, ..Default::default() };
+        let mut eps = [ep("a", 1, Some(0.0), Some(0.2)), ep("b", 1, Some(0.0), Some(0.2))];
+        eps[0].ttft_p95_ms = Some(900.0);
+        eps[1].ttft_p95_ms = Some(120.0);
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::LowestLatency), "{}", k.explanation);
+    }
+
+    #[test]
+    fn near_ties_go_to_the_less_loaded_of_two_drawn() {
+        let p = PoolSettings::default();
+        let eps: Vec<EndpointView> = (0..4).map(|i| ep(&format!("e{i}"), 0, Some(0.0), Some(0.1))).collect();
+        let mut seen = [0; 4];
+        for a in 0..4 {
+            for b in 0..4 {
+                let k = pick(&p, &eps, 0, Draw { explore: 0.0, a, b });
+                assert_eq!(k.reason, PickReason::NearTie);
+                seen[k.index.unwrap()] += 1;
+            }
+        }
+        assert!(seen.iter().all(|&n| n > 0), "every tie can be drawn: {seen:?}");
+    }
+
+    #[test]
+    fn prompt_blocks_chain_and_count_whole_blocks_only() {
+        let a = prompt_blocks(&[b'x'; 1000], 256, 100);
+        assert_eq!(a.len(), 3);
+        let mut other = vec![b'x'; 1000];
+        other[300] = b'y';
+        let b = prompt_blocks(&other, 256, 100);
+        assert_eq!(a[0], b[0]);
+        assert_ne!(a[1], b[1]);
+        assert_ne!(a[2], b[2], "a block's hash covers every block before it");
+        assert_ne!(a[0], a[1], "equal blocks at different places differ");
+        assert_eq!(prompt_blocks(&[b'x'; 1000], 256, 2).len(), 2);
+        assert!(prompt_blocks(b"short", 256, 10).is_empty());
+    }
+
+    #[test]
+    fn the_index_matches_leading_blocks_and_forgets_the_least_recent() {
+        let mut ix = PrefixIndex::default();
+        let e: Arc<str> = Arc::from("e");
+        let p1 = prompt_blocks(&[b'a'; 1024], 256, 100);
+        ix.sent(&e, &p1, 6);
+        assert_eq!(ix.matched("e", &p1), 4);
+        assert_eq!(ix.matched("other", &p1), 0);
+        let mut longer = vec![b'a'; 2048];
+        longer[1500] = b'b';
+        assert_eq!(ix.matched("e", &prompt_blocks(&longer, 256, 100)), 4);
+        // A second prompt pushes the first's last blocks out first; its leading blocks stay.
+        let p2 = prompt_blocks(&[b'z'; 1024], 256, 100);
+        ix.sent(&e, &p2, 6);
+        assert_eq!(ix.len("e"), 6);
+        assert_eq!(ix.matched("e", &p2), 4);
+        assert_eq!(ix.matched("e", &p1), 2);
+        // Many touches keep the log bounded.
+        for i in 0..10_000u64 {
+            ix.sent(&e, &[i], 6);
+        }
+        assert_eq!(ix.len("e"), 6);
+        assert!(ix.per["e"].log.len() <= 2 * 6 + 64);
+        ix.retain(|k| k != "e");
+        assert_eq!(ix.len("e"), 0);
+    }
+}
