@@ -184,6 +184,15 @@ impl BackendState {
     pub fn pick(&self, ask: &PoolAsk<'_>, d: Draw) -> PoolPick {
         let eps = self.endpoints.load_full();
         let now = Instant::now();
+        if let [only] = eps.as_slice() {
+            // One endpoint (a `url`): nothing to weigh; the sidecar's path stays this short.
+            if ask.tried.iter().any(|t| Arc::ptr_eq(t, only)) {
+                return PoolPick { endpoint: None, reason: PickReason::NoHealthyEndpoint, views: Vec::new() };
+            }
+            let healthy = only.breaker().allow(now);
+            let reason = if healthy { PickReason::OnlyEndpoint } else { PickReason::NoHealthyEndpoint };
+            return PoolPick { endpoint: Some(only.clone()), reason, views: Vec::new() };
+        }
         let views: Vec<EndpointView> = {
             let ix = (!ask.blocks.is_empty()).then(|| self.prefix());
             eps.iter()
@@ -620,7 +629,7 @@ impl Router {
                 draw,
                 least_loaded: d.backend.is_none(),
                 failover_from: tried.iter().map(|&i| snap.backends[i].name.clone()).collect(),
-                pool: (picked.views.len() > 1 || b.is_pool).then(|| LoggedPick {
+                pool: (!picked.views.is_empty()).then(|| LoggedPick {
                     settings: b.pool.clone(),
                     views: picked.views,
                     blocks: blocks.len() as u32,
