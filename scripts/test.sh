@@ -12,20 +12,28 @@ scripts/setup-test-deps.sh
 llm="$(scripts/setup-llm.sh | tail -1)"
 read -r GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR <<< "$llm"
 export GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR
-# vLLM's CPU build serving the same SmolLM2 (tests/e2e_vllm.rs). Its start-up is minutes, most
-# of it a warm-up compile, so it starts once, now, and compiles while the suite builds; the
-# tests wait for it. At lower CPU priority, like llama.cpp: the client and goodput, whose
-# clocks the tests compare, go first. --max-num-seqs 4: a queue forms in seconds on two cores.
+# vLLM's CPU build serving the same SmolLM2 (tests/e2e_vllm.rs), and a second replica of it
+# (tests/e2e_vllm_pool.rs: routing within a pool). Their start-up is minutes, most of it a
+# warm-up compile, so they start once, now, and compile while the suite builds; the tests wait
+# for them. At lower CPU priority, like llama.cpp: the client and goodput, whose clocks the
+# tests compare, go first. --max-num-seqs 4: a queue forms in seconds on two cores; a KV cache
+# of 32 blocks of 128 tokens: a few long system prompts fill one replica's prefix cache.
 read -r GOODPUT_VLLM_VENV _ <<< "$(scripts/setup-vllm.sh | tail -1)"
 GOODPUT_VLLM_PORT="${GOODPUT_VLLM_PORT:-18021}"
+GOODPUT_VLLM2_PORT="${GOODPUT_VLLM2_PORT:-18022}"
 GOODPUT_VLLM_LOG="$(mktemp -t goodput-vllm.XXXXXX.log)"
+GOODPUT_VLLM2_LOG="$(mktemp -t goodput-vllm2.XXXXXX.log)"
 VLLM_PORT="$GOODPUT_VLLM_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 \
-  > "$GOODPUT_VLLM_LOG" 2>&1 &
+  --num-gpu-blocks-override 32 > "$GOODPUT_VLLM_LOG" 2>&1 &
 VLLM_PID=$!
-# vLLM's engine runs in a child process: stop the whole group, politely first.
-trap 'kill -TERM -- -$VLLM_PID 2>/dev/null; sleep 3; kill -KILL -- -$VLLM_PID 2>/dev/null; true' EXIT
+VLLM_PORT="$GOODPUT_VLLM2_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 \
+  --num-gpu-blocks-override 32 > "$GOODPUT_VLLM2_LOG" 2>&1 &
+VLLM2_PID=$!
+# vLLM's engine runs in a child process: stop each whole group, politely first.
+trap 'kill -TERM -- -$VLLM_PID -$VLLM2_PID 2>/dev/null; sleep 3; kill -KILL -- -$VLLM_PID -$VLLM2_PID 2>/dev/null; true' EXIT
 export GOODPUT_VLLM_VENV GOODPUT_VLLM_LOG GOODPUT_VLLM_PID="$VLLM_PID" \
-  GOODPUT_VLLM_URL="http://127.0.0.1:$GOODPUT_VLLM_PORT"
+  GOODPUT_VLLM_URL="http://127.0.0.1:$GOODPUT_VLLM_PORT" \
+  GOODPUT_VLLM2_LOG GOODPUT_VLLM2_PID="$VLLM2_PID" GOODPUT_VLLM2_URL="http://127.0.0.1:$GOODPUT_VLLM2_PORT"
 # The reference LM for perplexity (SmolLM2 converted to ONNX, seconds once the above is cached)
 # and ONNX Runtime's library from the onnxruntime wheel.
 GOODPUT_MODEL_DIR="$(scripts/setup-models.sh | tail -1)"

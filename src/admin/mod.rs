@@ -298,6 +298,8 @@ const POOL_REASONS: &[&str] = &[
     "fallback_unknown",
     "all_saturated",
     "no_healthy_endpoint",
+    "round_robin",
+    "least_outstanding",
 ];
 
 const REASONS: &[&str] = &[

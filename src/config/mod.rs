@@ -9,7 +9,7 @@ pub mod reload;
 pub mod route;
 pub mod routing;
 
-pub use pool::{Discovery, PoolSettings, PoolWeights, PrefixSettings};
+pub use pool::{Discovery, PoolPolicy, PoolSettings, PoolWeights, PrefixSettings};
 pub use quality::{ConsistencyConfig, Device, Method, PerplexityConfig, QualityConfig};
 pub use reload::{ConfigHandle, spawn_reloader};
 pub use route::{Route, RouteMatch};

@@ -31,9 +31,23 @@ fn default_scheme() -> String {
 /// How an endpoint is chosen within the pool, after the SLA class chose the backend. Filters
 /// first (an endpoint past a threshold is saturated), then a weighted score; the scores are
 /// each 0-1 across the pool, so a weight is how much that signal may outvote the others.
+/// How the pool's endpoint is chosen: goodput's picker, or the simple policies it is measured
+/// against (what a Kubernetes Service or a plain load balancer gives).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolPolicy {
+    #[default]
+    Picker,
+    RoundRobin,
+    LeastOutstanding,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct PoolSettings {
+    /// `picker` (below), `round_robin` or `least_outstanding` (goodput's own count; no server
+    /// signal): healthy endpoints only, in every case.
+    pub policy: PoolPolicy,
     /// An endpoint whose server has more requests waiting than this is saturated
     /// (`vllm:num_requests_waiting`).
     pub max_waiting: f64,
@@ -50,6 +64,7 @@ pub struct PoolSettings {
 impl Default for PoolSettings {
     fn default() -> Self {
         PoolSettings {
+            policy: PoolPolicy::Picker,
             max_waiting: 5.0,
             max_kv_cache: 0.9,
             weights: PoolWeights::default(),

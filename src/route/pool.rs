@@ -22,7 +22,7 @@ use std::fmt::Write;
 use std::sync::Arc;
 
 use super::decide::Draw;
-use crate::config::PoolSettings;
+use crate::config::{PoolPolicy, PoolSettings};
 
 /// One endpoint as a choice sees it.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -91,10 +91,14 @@ pub enum PickReason {
     /// No endpoint's breaker lets a request through: the least loaded (goodput adds no
     /// failure mode; the upstream's answer is what the client gets).
     NoHealthyEndpoint,
+    /// `policy: round_robin`.
+    RoundRobin,
+    /// `policy: least_outstanding`.
+    LeastOutstanding,
 }
 
 impl PickReason {
-    pub const COUNT: usize = 9;
+    pub const COUNT: usize = 11;
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -107,11 +111,13 @@ impl PickReason {
             PickReason::FallbackUnknown => "fallback_unknown",
             PickReason::AllSaturated => "all_saturated",
             PickReason::NoHealthyEndpoint => "no_healthy_endpoint",
+            PickReason::RoundRobin => "round_robin",
+            PickReason::LeastOutstanding => "least_outstanding",
         }
     }
 }
 
-const _: () = assert!(PickReason::NoHealthyEndpoint as usize + 1 == PickReason::COUNT);
+const _: () = assert!(PickReason::LeastOutstanding as usize + 1 == PickReason::COUNT);
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pick {
@@ -158,6 +164,23 @@ fn pick_with(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw, expla
     let least_loaded = |among: &[usize]| {
         among.iter().copied().min_by(|&a, &b| eps[a].load().total_cmp(&eps[b].load()).then(a.cmp(&b)))
     };
+    if !healthy.is_empty() && p.policy != PoolPolicy::Picker {
+        // The baselines goodput is measured against: no server signal, no prefix.
+        let (i, reason) = match p.policy {
+            PoolPolicy::RoundRobin => (healthy[d.a % healthy.len()], PickReason::RoundRobin),
+            _ => {
+                let least = healthy.iter().map(|&i| eps[i].outstanding).min().expect("not empty");
+                let ties: Idx = healthy.iter().copied().filter(|&i| eps[i].outstanding == least).collect();
+                (ties[d.a % ties.len()], PickReason::LeastOutstanding)
+            }
+        };
+        let explanation = if explain {
+            format!("{}: {} ({} outstanding)", reason.as_str(), eps[i].label, eps[i].outstanding)
+        } else {
+            String::new()
+        };
+        return Pick { index: Some(i), reason, explanation };
+    }
     if healthy.is_empty() {
         return Pick {
             index: least_loaded(&(0..eps.len()).collect::<Idx>()),
@@ -247,7 +270,8 @@ fn pick_with(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw, expla
         }
     } else {
         let (tk, tr) = (terms(k), terms(runner));
-        let lead = (0..4).max_by(|&a, &b| (tk[a] - tr[a]).total_cmp(&(tk[b] - tr[b]))).expect("four terms");
+        // On equal leads, the first in this order: queue, KV, prefix, latency.
+        let lead = (1..4).fold(0, |best, t| if tk[t] - tr[t] > tk[best] - tr[best] { t } else { best });
         match lead {
             0 => PickReason::LeastQueue,
             1 => PickReason::KvHeadroom,
@@ -408,6 +432,13 @@ mod tests {
     }
 
     #[test]
+    fn a_queue_and_a_full_cache_together_are_named_as_the_queue() {
+        let p = PoolSettings { near_tie: 0.0, ..Default::default() };
+        let eps = [ep("a", 0, Some(4.0), Some(0.8)), ep("b", 0, Some(0.0), Some(0.1))];
+        assert_eq!(pick(&p, &eps, 0, D).reason, PickReason::LeastQueue);
+    }
+
+    #[test]
     fn kv_headroom_decides_between_equal_queues() {
         let p = PoolSettings { near_tie: 0.0, ..Default::default() };
         let eps = [ep("a", 1, Some(0.0), Some(0.85)), ep("b", 1, Some(0.0), Some(0.2))];
@@ -498,6 +529,19 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&n| n > 0), "every tie can be drawn: {seen:?}");
+    }
+
+    #[test]
+    fn the_baseline_policies_ignore_the_servers() {
+        let mut eps = [ep("a", 3, Some(0.0), None), ep("b", 1, Some(9.0), None), ep("c", 1, Some(9.0), None)];
+        eps[2].healthy = false;
+        let rr = PoolSettings { policy: PoolPolicy::RoundRobin, ..Default::default() };
+        let picks: Vec<_> =
+            (0..4).map(|a| pick(&rr, &eps, 0, Draw { explore: 0.0, a, b: 0 }).index).collect();
+        assert_eq!(picks, [Some(0), Some(1), Some(0), Some(1)], "in turn, over the healthy ones");
+        let lo = PoolSettings { policy: PoolPolicy::LeastOutstanding, ..Default::default() };
+        let k = pick(&lo, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::LeastOutstanding), "b, queue or not");
     }
 
     #[test]

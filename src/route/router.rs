@@ -92,6 +92,8 @@ impl Endpoint {
 /// every config snapshot that has a backend of this name, so a reload keeps all of it.
 pub struct BackendState {
     outstanding: AtomicU64,
+    /// The next turn of `policy: round_robin`.
+    turn: std::sync::atomic::AtomicUsize,
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     breaker_cfg: Mutex<BreakerConfig>,
     prefix: Mutex<PrefixIndex>,
@@ -105,6 +107,7 @@ impl BackendState {
     pub fn new(cfg: BreakerConfig) -> Arc<BackendState> {
         Arc::new(BackendState {
             outstanding: AtomicU64::new(0),
+            turn: Default::default(),
             endpoints: ArcSwap::from_pointee(Vec::new()),
             breaker_cfg: Mutex::new(cfg),
             prefix: Mutex::new(PrefixIndex::default()),
@@ -187,11 +190,16 @@ impl BackendState {
         if let [only] = eps.as_slice() {
             // One endpoint (a `url`): nothing to weigh; the sidecar's path stays this short.
             if ask.tried.iter().any(|t| Arc::ptr_eq(t, only)) {
-                return PoolPick { endpoint: None, reason: PickReason::NoHealthyEndpoint, views: Vec::new() };
+                return PoolPick {
+                    endpoint: None,
+                    reason: PickReason::NoHealthyEndpoint,
+                    views: Vec::new(),
+                    draw: d,
+                };
             }
             let healthy = only.breaker().allow(now);
             let reason = if healthy { PickReason::OnlyEndpoint } else { PickReason::NoHealthyEndpoint };
-            return PoolPick { endpoint: Some(only.clone()), reason, views: Vec::new() };
+            return PoolPick { endpoint: Some(only.clone()), reason, views: Vec::new(), draw: d };
         }
         let views: Vec<EndpointView> = {
             let ix = (!ask.blocks.is_empty()).then(|| self.prefix());
@@ -207,6 +215,12 @@ impl BackendState {
         // A request this endpoint already failed is not sent there again, even as a last resort.
         let untried: SmallVec<[usize; 16]> =
             (0..eps.len()).filter(|&i| !ask.tried.iter().any(|t| Arc::ptr_eq(t, &eps[i]))).collect();
+        let d = match ask.settings.policy {
+            crate::config::PoolPolicy::RoundRobin => {
+                Draw { a: self.turn.fetch_add(1, Ordering::Relaxed), ..d }
+            }
+            _ => d,
+        };
         let mut pick = super::pool::choose(ask.settings, &views, ask.blocks.len() as u32, d);
         if pick.index.is_some_and(|i| !untried.contains(&i)) {
             pick.index = None;
@@ -218,7 +232,7 @@ impl BackendState {
                 self.prefix().sent(&e.label, ask.blocks, ask.settings.prefix.index_blocks);
             }
         }
-        PoolPick { endpoint, reason: pick.reason, views }
+        PoolPick { endpoint, reason: pick.reason, views, draw: d }
     }
 }
 
@@ -236,8 +250,9 @@ pub struct PoolAsk<'a> {
 pub struct PoolPick {
     pub endpoint: Option<Arc<Endpoint>>,
     pub reason: PickReason,
-    /// What the choice saw, for the decision log.
+    /// What the choice saw and drew, for the decision log.
     pub views: Vec<EndpointView>,
+    pub draw: Draw,
 }
 
 /// One request counted as outstanding at a backend and its endpoint until this is dropped
@@ -633,7 +648,7 @@ impl Router {
                     settings: b.pool.clone(),
                     views: picked.views,
                     blocks: blocks.len() as u32,
-                    draw: pool_draw,
+                    draw: picked.draw,
                 }),
                 endpoint: picked.endpoint.as_ref().map(|e| e.label.clone()),
             };

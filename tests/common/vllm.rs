@@ -21,37 +21,54 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// vLLM, once it answers, held for this test alone: its counters are read as deltas.
 pub async fn vllm() -> (tokio::sync::MutexGuard<'static, ()>, Vllm) {
     let guard = ONE_AT_A_TIME.lock().await;
+    (guard, ready("GOODPUT_VLLM").await)
+}
+
+/// Two replicas of the same vLLM (the second started beside the first by scripts/test.sh), held
+/// for this test alone.
+pub async fn vllm_pool() -> (tokio::sync::MutexGuard<'static, ()>, Vllm, Vllm) {
+    let guard = ONE_AT_A_TIME.lock().await;
+    (guard, ready("GOODPUT_VLLM").await, ready("GOODPUT_VLLM2").await)
+}
+
+/// The replica `scripts/test.sh` exported as PREFIX_URL, PREFIX_PID and PREFIX_LOG, once it
+/// answers.
+async fn ready(prefix: &str) -> Vllm {
     let get = |k: &str| {
         std::env::var(k)
             .unwrap_or_else(|_| panic!("{k} is not set: run the suite with scripts/test.sh (it starts vLLM)"))
     };
-    let url = get("GOODPUT_VLLM_URL");
-    let addr: SocketAddr =
-        url.trim_start_matches("http://").parse().expect("GOODPUT_VLLM_URL is http://IP:PORT");
+    let url = get(&format!("{prefix}_URL"));
+    let addr: SocketAddr = url.trim_start_matches("http://").parse().expect("the vLLM URL is http://IP:PORT");
     let python = PathBuf::from(get("GOODPUT_VLLM_VENV")).join("bin/python");
-    let log = std::env::var_os("GOODPUT_VLLM_LOG").map(PathBuf::from);
-    let pid = std::env::var("GOODPUT_VLLM_PID").ok();
+    let log = std::env::var_os(format!("{prefix}_LOG")).map(PathBuf::from);
+    let pid = std::env::var(format!("{prefix}_PID")).ok();
     let v = Vllm { url, addr, python, log };
     // Started at the beginning of the run, it compiles while the suite builds: wait for it,
     // unless it died (then every test here fails at once, not after the timeout).
-    static GAVE_UP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-    assert!(!GAVE_UP.load(std::sync::atomic::Ordering::Relaxed), "vLLM did not start (see the first test)");
+    // Replicas that did not start: each test that needs one fails at once.
+    static GAVE_UP: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+    let give_up = || GAVE_UP.lock().unwrap().push(prefix.to_string());
+    assert!(
+        !GAVE_UP.lock().unwrap().iter().any(|p| p == prefix),
+        "vLLM ({prefix}) did not start (see the first test)"
+    );
     let t = Instant::now();
     loop {
         if let Some(pid) = &pid
             && !std::path::Path::new(&format!("/proc/{pid}")).exists()
         {
-            GAVE_UP.store(true, std::sync::atomic::Ordering::Relaxed);
+            give_up();
             panic!("vLLM exited:\n{}", v.tail());
         }
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
             let r = send(addr, http::Request::get("/v1/models").body(Default::default()).unwrap()).await;
             if r.status == 200 {
-                return (guard, v);
+                return v;
             }
         }
         if t.elapsed() > Duration::from_secs(900) {
-            GAVE_UP.store(true, std::sync::atomic::Ordering::Relaxed);
+            give_up();
             panic!("vLLM did not start in 15 minutes:\n{}", v.tail());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;

@@ -1,0 +1,202 @@
+//! Routing within a pool of two real vLLM replicas: the CPU build serving SmolLM2, started once
+//! for the run by `scripts/test.sh`, each with `--max-num-seqs 4` and a KV cache of 32 blocks of
+//! 128 tokens (4,096 tokens), so that a queue forms in seconds and a few long system prompts fill
+//! one replica's prefix cache but not the pool's.
+//! - A queue that traffic goodput does not see moves goodput's picks to the other replica
+//!   within a few scrapes, before goodput's own latency windows hold a single sample.
+//! - Prefix affinity: requests sharing long system prompts, through goodput's picker and through
+//!   round robin (what a Kubernetes Service gives, near enough): vLLM's own prefix-cache hit
+//!   ratio is clearly higher with affinity, and TTFT lower.
+
+mod common;
+
+use common::vllm::*;
+use common::*;
+use std::collections::{BTreeSet, HashMap};
+use std::time::{Duration, Instant};
+
+fn pool_yaml(a: &Vllm, b: &Vllm, pool: &str) -> String {
+    format!(
+        r#"
+backends:
+  - name: pool
+    endpoints: ["{}", "{}"]
+    server_metrics: {{interval_ms: 250}}
+    pool: {{prefix: {{index_blocks: 64}}{pool}}}
+routing: {{exploration: 0.0, response_headers: true, recent_decisions: 1000}}
+metrics: {{recent_records: 1000}}
+"#,
+        a.url, b.url
+    )
+}
+
+fn header(r: &Reply, k: &str) -> String {
+    r.headers.get(k).map(|v| v.to_str().unwrap().to_string()).unwrap_or_default()
+}
+
+/// What vLLM itself reports of one replica's load.
+async fn load(v: &Vllm) -> f64 {
+    let m = v.metrics().await;
+    m.get("vllm:num_requests_waiting").copied().unwrap_or(0.0)
+        + m.get("vllm:num_requests_running").copied().unwrap_or(0.0)
+}
+
+async fn idle(v: &Vllm) {
+    let t = Instant::now();
+    while load(v).await > 0.0 {
+        assert!(t.elapsed() < Duration::from_secs(60), "vLLM still busy:\n{}", v.tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queue_goodput_does_not_see_moves_its_picks_to_the_other_replica() {
+    let (_one, a, b) = vllm_pool().await;
+    idle(&a).await;
+    idle(&b).await;
+    let gp = Goodput::start(&pool_yaml(&a, &b, ""));
+    // Eight long generations straight to `a`: four run, four wait.
+    let direct: Vec<_> = (0..8)
+        .map(|i| {
+            let addr = a.addr;
+            tokio::spawn(async move {
+                let body = format!(
+                    r#"{{"model":"smollm2","prompt":"Tell me a long story, number {i}.","max_tokens":600,"ignore_eos":true}}"#
+                );
+                send(addr, post_json("/v1/completions", &body)).await
+            })
+        })
+        .collect();
+    // goodput sees it through a's /metrics.
+    let t = Instant::now();
+    loop {
+        let bk = gp.admin_json("/admin/backends").await;
+        let eps = bk["backends"][0]["endpoints"].as_array().unwrap().clone();
+        let a_view = eps.iter().find(|e| e["endpoint"] == a.addr.to_string()).unwrap();
+        if a_view["server"]["waiting"].as_f64().unwrap_or(0.0) >= 2.0 {
+            assert!(a_view["window"].is_null(), "goodput has measured nothing at a: {a_view}");
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "goodput never saw a's queue: {eps:?}\n{}", a.tail());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut to = HashMap::new();
+    for i in 0..6 {
+        let body = format!(
+            r#"{{"model":"smollm2","messages":[{{"role":"user","content":"Say hello, {i}."}}],"max_tokens":4}}"#
+        );
+        let r = send(gp.proxy, post_json("/v1/chat/completions", &body)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        *to.entry((header(&r, "x-goodput-endpoint"), header(&r, "x-goodput-endpoint-reason")))
+            .or_insert(0) += 1;
+    }
+    assert_eq!(to, HashMap::from([((b.addr.to_string(), "least_queue".to_string()), 6)]), "{to:?}");
+    let routes = gp.admin_json("/admin/routes").await;
+    let why =
+        routes["routes"][0]["recent_decisions"][0]["endpoint_explanation"].as_str().unwrap().to_string();
+    assert!(why.starts_with(&format!("least_queue: {}", b.addr)), "{why}");
+    eprintln!("decision: {why}");
+    for d in direct {
+        d.abort();
+    }
+    // The hang-ups abort the generations: the replicas are idle for the next test.
+    idle(&a).await;
+}
+
+/// One mode of the prefix experiment: `rounds` of the same six long system prompts (fresh ones
+/// per mode), each with a new question, one at a time. Returns vLLM's prefix-cache hit ratio
+/// over the pool, goodput's TTFTs, and which endpoints each prompt went to.
+async fn shared_prefixes(
+    gp: &Goodput,
+    a: &Vllm,
+    b: &Vllm,
+    tag: &str,
+    rounds: usize,
+) -> (f64, Vec<f64>, Vec<BTreeSet<String>>, HashMap<String, usize>) {
+    let systems: Vec<String> = (0..6)
+        .map(|k| {
+            (0..40)
+                .map(|j| format!("Rule {j} of desk {tag}-{k}: answer in one short sentence and cite handbook section {k}.{j}. "))
+                .collect()
+        })
+        .collect();
+    let count = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
+    let (qa, qb) = (a.metrics().await, b.metrics().await);
+    // Two clients at once, each with three of the prompts: a replica that is busy with one
+    // request is a little less attractive, so the first round spreads the prompts.
+    let worker = |ks: std::ops::Range<usize>| {
+        let (proxy, systems) = (gp.proxy, systems.clone());
+        async move {
+            let mut out = Vec::new();
+            for r in 0..rounds {
+                for k in ks.clone() {
+                    let body = serde_json::json!({
+                        "model": "smollm2", "stream": true, "max_tokens": 4,
+                        "messages": [{"role": "system", "content": systems[k]}, {"role": "user", "content": format!("Question {r}: which section?")}],
+                    });
+                    let resp = send(proxy, post_json("/v1/chat/completions", &body.to_string())).await;
+                    assert_eq!(resp.status, 200, "{}", resp.text());
+                    out.push((
+                        k,
+                        header(&resp, "x-goodput-endpoint"),
+                        header(&resp, "x-goodput-endpoint-reason"),
+                    ));
+                }
+            }
+            out
+        }
+    };
+    let (w0, w1) = tokio::join!(worker(0..3), worker(3..6));
+    let mut went: Vec<BTreeSet<String>> = vec![BTreeSet::new(); systems.len()];
+    let mut reasons = HashMap::new();
+    for (k, e, why) in w0.into_iter().chain(w1) {
+        went[k].insert(e);
+        *reasons.entry(why).or_insert(0) += 1;
+    }
+    let (za, zb) = (a.metrics().await, b.metrics().await);
+    let queries = count(&za, "vllm:prefix_cache_queries_total")
+        - count(&qa, "vllm:prefix_cache_queries_total")
+        + count(&zb, "vllm:prefix_cache_queries_total")
+        - count(&qb, "vllm:prefix_cache_queries_total");
+    let hits = count(&za, "vllm:prefix_cache_hits_total") - count(&qa, "vllm:prefix_cache_hits_total")
+        + count(&zb, "vllm:prefix_cache_hits_total")
+        - count(&qb, "vllm:prefix_cache_hits_total");
+    let n = rounds * systems.len();
+    let recs = gp.records(n).await;
+    let mut ttft: Vec<f64> = recs.iter().take(n).filter_map(|r| r["ttft"].as_f64()).collect();
+    ttft.sort_by(f64::total_cmp);
+    (hits / queries.max(1.0), ttft, went, reasons)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefix_affinity_raises_vllms_own_prefix_hits_over_round_robin() {
+    let (_one, a, b) = vllm_pool().await;
+    idle(&a).await;
+    idle(&b).await;
+    let picker = Goodput::start(&pool_yaml(&a, &b, ""));
+    // Round robin: what a Kubernetes Service gives, near enough, through the same proxy.
+    let rr = Goodput::start(&pool_yaml(&a, &b, ", policy: round_robin"));
+    let rounds = 4;
+    let (hit_p, ttft_p, went_p, why_p) = shared_prefixes(&picker, &a, &b, "p", rounds).await;
+    let (hit_r, ttft_r, went_r, _) = shared_prefixes(&rr, &a, &b, "r", rounds).await;
+    let med = |v: &[f64]| v[v.len() / 2];
+    eprintln!(
+        "prefix hit ratio: picker {hit_p:.3}, round robin {hit_r:.3}; TTFT p50: picker {:.0} ms, round robin {:.0} ms; \
+         replicas per prompt: picker {:?}, round robin {:?}; reasons {why_p:?}",
+        med(&ttft_p) * 1000.0,
+        med(&ttft_r) * 1000.0,
+        went_p.iter().map(BTreeSet::len).collect::<Vec<_>>(),
+        went_r.iter().map(BTreeSet::len).collect::<Vec<_>>(),
+    );
+    assert!(went_p.iter().all(|w| w.len() == 1), "each prompt stays on one replica: {went_p:?}");
+    let spread: BTreeSet<&String> = went_p.iter().flatten().collect();
+    assert_eq!(spread.len(), 2, "the prompts are spread over both replicas");
+    assert!(why_p.get("prefix_hit").copied().unwrap_or(0) >= 6 * (rounds - 1) - 2, "{why_p:?}");
+    assert!(hit_p > hit_r + 0.15, "vLLM's prefix hits: picker {hit_p:.3}, round robin {hit_r:.3}");
+    assert!(
+        med(&ttft_p) < med(&ttft_r),
+        "TTFT p50: picker {:?}, round robin {:?}",
+        med(&ttft_p),
+        med(&ttft_r)
+    );
+}
