@@ -40,6 +40,7 @@ impl Replica {
                             let path = req.uri().path().to_string();
                             let body =
                                 req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+                            let mut slow = false;
                             let (ctype, text) = if path == "/metrics" {
                                 r.scrapes.fetch_add(1, Ordering::Relaxed);
                                 let page = format!(
@@ -55,16 +56,40 @@ impl Replica {
                             } else {
                                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                                 let first = v["messages"][0]["content"].as_str().unwrap_or("").to_string();
+                                slow = first == "slow";
                                 r.served.lock().unwrap().push(first);
-                                (
-                                    "application/json",
-                                    r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#.to_string(),
-                                )
+                                if slow {
+                                    ("text/event-stream", String::new())
+                                } else {
+                                    (
+                                        "application/json",
+                                        r#"{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}"#.to_string(),
+                                    )
+                                }
                             };
+                            // "slow": a stream of 20 tokens, 200 ms apart.
+                            let (tx, rx) =
+                                tokio::sync::mpsc::channel::<Result<bytes::Bytes, std::io::Error>>(4);
+                            tokio::spawn(async move {
+                                if !slow {
+                                    let _ = tx.send(Ok(bytes::Bytes::from(text))).await;
+                                    return;
+                                }
+                                for i in 0..20 {
+                                    let ev = format!(
+                                        "data: {{\"id\":\"s\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i} \"}},\"finish_reason\":null}}]}}\n\n"
+                                    );
+                                    if tx.send(Ok(bytes::Bytes::from(ev))).await.is_err() {
+                                        return;
+                                    }
+                                    tokio::time::sleep(Duration::from_millis(200)).await;
+                                }
+                                let _ = tx.send(Ok(bytes::Bytes::from_static(b"data: [DONE]\n\n"))).await;
+                            });
                             Ok::<_, std::convert::Infallible>(
                                 http::Response::builder()
                                     .header("content-type", ctype)
-                                    .body(http_body_util::Full::new(bytes::Bytes::from(text)))
+                                    .body(goodput::sim::ChannelBody::new(rx))
                                     .unwrap(),
                             )
                         }
@@ -314,18 +339,10 @@ impl Dns {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_pool_found_in_dns_follows_the_answer_while_requests_flow() {
-    // Replicas on one port at three loopback addresses, as pods behind a headless Service.
-    let port = free_port();
-    let mut replicas = Vec::new();
-    for ip in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
-        replicas.push(Replica::spawn(&format!("{ip}:{port}")).await.1);
-    }
-    let dir = temp_dir("dns");
-    let dns = Dns::start(&dir);
-    let name = "vllm.goodput-test.svc.cluster.local.";
-    dns.answer(name, &["127.0.0.2", "127.0.0.3"]);
+/// A DNS server answering `name` with `ips`, and goodput with a pool discovered from it.
+fn dns_pool(dir: &std::path::Path, name: &str, port: u16, ips: &[&str]) -> (Dns, Goodput) {
+    let dns = Dns::start(dir);
+    dns.answer(name, ips);
     let gp = Goodput::start(&format!(
         r#"
 backends:
@@ -337,6 +354,20 @@ routing: {{exploration: 0.0, response_headers: true}}
 "#,
         dns.port
     ));
+    (dns, gp)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_found_in_dns_follows_the_answer_while_requests_flow() {
+    // Replicas on one port at three loopback addresses, as pods behind a headless Service.
+    let port = free_port();
+    let mut replicas = Vec::new();
+    for ip in ["127.0.0.2", "127.0.0.3", "127.0.0.4"] {
+        replicas.push(Replica::spawn(&format!("{ip}:{port}")).await.1);
+    }
+    let dir = temp_dir("dns");
+    let name = "vllm.goodput-test.svc.cluster.local.";
+    let (dns, gp) = dns_pool(&dir, name, port, &["127.0.0.2", "127.0.0.3"]);
     let send_some = |n: usize, tag: &'static str| {
         let proxy = gp.proxy;
         async move {
@@ -390,4 +421,47 @@ routing: {{exploration: 0.0, response_headers: true}}
     let seen = send_some(8, "dns down").await;
     assert!(seen.is_subset(&[at("127.0.0.3"), at("127.0.0.4")].into()) && !seen.is_empty());
     assert!(replicas[0].served() > 0 && replicas[2].served() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_in_flight_to_an_endpoint_that_left_the_pool_finishes() {
+    let port = free_port();
+    let (_, old) = Replica::spawn(&format!("127.0.0.5:{port}")).await;
+    let (_, new) = Replica::spawn(&format!("127.0.0.6:{port}")).await;
+    let dir = temp_dir("dns-drain");
+    let name = "drain.goodput-test.svc.cluster.local.";
+    let (dns, gp) = dns_pool(&dir, name, port, &["127.0.0.5"]);
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"slow"}]}"#;
+    let proxy = gp.proxy;
+    let stream = tokio::spawn(async move { send(proxy, post_json("/v1/chat/completions", body)).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The replica leaves the pool while its stream runs (4 s in all).
+    dns.answer(name, &["127.0.0.6"]);
+    let t = std::time::Instant::now();
+    loop {
+        let bk = gp.admin_json("/admin/backends").await;
+        let eps = bk["backends"][0]["endpoints"].as_array().unwrap().clone();
+        if eps.len() == 1 && eps[0]["endpoint"] == format!("127.0.0.6:{port}") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(3), "the pool did not change: {eps:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(!stream.is_finished(), "the stream is still running when its endpoint leaves");
+    let r = send(gp.proxy, chat("s", "after")).await;
+    assert_eq!(
+        header(&r, "x-goodput-endpoint"),
+        format!("127.0.0.6:{port}"),
+        "new requests go to the new one"
+    );
+    let r = stream.await.unwrap();
+    assert_eq!(r.status, 200);
+    assert_eq!(header(&r, "x-goodput-endpoint"), format!("127.0.0.5:{port}"));
+    let text = r.text();
+    assert!(text.contains("t19 ") && text.trim_end().ends_with("data: [DONE]"), "the whole stream: {text}");
+    let recs = gp.records_when(2, "", |rs| rs.iter().any(|r| r["stream"] == true)).await;
+    let rec = recs.iter().find(|r| r["stream"] == true).unwrap();
+    assert_eq!(rec["outcome"], "ok", "{rec}");
+    assert_eq!(rec["endpoint"], format!("127.0.0.5:{port}"), "{rec}");
+    assert_eq!((old.served(), new.served()), (1, 1));
 }
