@@ -6,10 +6,11 @@
 # build, SmolLM2, --max-num-seqs 4, a KV cache of 32 blocks of 128 tokens) unless
 # VLLM_A / VLLM_B name running ones.
 #
-#   RATE=0.6 DURATION=40 REPS=2 SLO_MS=4000 scripts/bench-pool.sh
+#   RATE=0.6 DURATION=40 REPS=2 SLO_MS=4000 WORKLOADS=skew,prefix,mix scripts/bench-pool.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE="${RATE:-0.6}" DURATION="${DURATION:-40}" REPS="${REPS:-2}" SLO_MS="${SLO_MS:-4000}"
+WORKLOADS="${WORKLOADS:-skew,prefix,mix}"
 read -r VENV _ <<< "$(scripts/setup-vllm.sh | tail -1)"
 cargo build --release --quiet
 OUT=target/bench; mkdir -p "$OUT"
@@ -43,4 +44,4 @@ YAML
   GPS+=(--gp "$policy=http://$addr")
 done
 "$VENV/bin/python" scripts/bench/pool.py "${GPS[@]}" --replica "$VLLM_A" --replica "$VLLM_B" \
-  --rate "$RATE" --duration "$DURATION" --reps "$REPS" --slo-ms "$SLO_MS" | tee "$OUT/pool.txt"
+  --rate "$RATE" --duration "$DURATION" --reps "$REPS" --slo-ms "$SLO_MS" --workloads "$WORKLOADS" | tee "$OUT/pool.txt"

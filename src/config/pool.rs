@@ -105,11 +105,14 @@ pub struct PrefixSettings {
     pub index_blocks: usize,
     /// Only the prompt's first this many blocks are hashed.
     pub max_prompt_blocks: usize,
+    /// A prefix counts only at an endpoint holding at most this many requests more than the
+    /// least loaded one: past it, the queue costs more than the prefill the cache saves.
+    pub max_load_gap: f64,
 }
 
 impl Default for PrefixSettings {
     fn default() -> Self {
-        PrefixSettings { block_bytes: 256, index_blocks: 16_384, max_prompt_blocks: 512 }
+        PrefixSettings { block_bytes: 256, index_blocks: 16_384, max_prompt_blocks: 512, max_load_gap: 2.0 }
     }
 }
 
@@ -137,6 +140,9 @@ impl PoolSettings {
         }
         if self.prefix.block_bytes < 16 {
             v.push(("prefix.block_bytes", "must be at least 16".into()));
+        }
+        if !(self.prefix.max_load_gap.is_finite() && self.prefix.max_load_gap >= 0.0) {
+            v.push(("prefix.max_load_gap", "must be a finite number >= 0".into()));
         }
         if self.prefix.index_blocks == 0 {
             v.push(("prefix.index_blocks", "must be at least 1".into()));

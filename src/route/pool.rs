@@ -236,9 +236,20 @@ fn pick_with(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw, expla
     let queue = scaled(&pick_of(&|e| Some(e.load())), true);
     let kv = scaled(&pick_of(&|e| e.kv_cache), true);
     let latency = scaled(&pick_of(&|e| e.ttft_p95_ms), true);
+    // A cached prefix saves its prefill, not a wait in a queue: it counts only at an endpoint
+    // within `prefix.max_load_gap` requests of the least loaded one, so that shared prompts do
+    // not all pile onto the replica that has them while another is idle.
+    let min_load = open.iter().map(|&i| eps[i].load()).fold(f64::INFINITY, f64::min);
     let prefix: SmallVec<[f64; 16]> = open
         .iter()
-        .map(|&i| if blocks == 0 { 0.0 } else { f64::from(eps[i].matched.min(blocks)) / f64::from(blocks) })
+        .map(|&i| {
+            let near_least = eps[i].load() <= min_load + p.prefix.max_load_gap;
+            if blocks == 0 || !near_least {
+                0.0
+            } else {
+                f64::from(eps[i].matched.min(blocks)) / f64::from(blocks)
+            }
+        })
         .collect();
     let w = p.weights;
     let terms =
@@ -504,6 +515,20 @@ mod tests {
         eps[0].matched = 10;
         eps[0].waiting = Some(6.0);
         assert_eq!(pick(&p, &eps, 10, D).index, Some(1));
+    }
+
+    #[test]
+    fn a_prefix_does_not_draw_requests_onto_a_replica_far_busier_than_the_others() {
+        let p = PoolSettings::default();
+        let mut eps = [ep("a", 0, Some(1.0), Some(0.2)), ep("b", 0, Some(0.0), Some(0.2))];
+        eps[0].running = Some(2.0);
+        eps[0].matched = 10;
+        // Load 3 against 0, a gap of 3 > 2: the prefix is not worth the wait.
+        let k = pick(&p, &eps, 10, D);
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::LeastQueue), "{}", k.explanation);
+        // Load 2 against 0: within the gap, the prefix wins.
+        eps[0].running = Some(1.0);
+        assert_eq!(pick(&p, &eps, 10, D).reason, PickReason::PrefixHit);
     }
 
     #[test]

@@ -350,7 +350,9 @@ async fn scrape(
     interval: Duration,
     m: &Metrics,
 ) {
-    let timeout = interval.clamp(Duration::from_millis(500), Duration::from_secs(5));
+    // A busy vLLM's API server answers /metrics slowly (seconds, on a small CPU under load),
+    // and a late reading still beats none: the timeout is not the interval.
+    let timeout = (4 * interval).clamp(Duration::from_secs(2), Duration::from_secs(10));
     let started = Instant::now();
     let uri = http::Uri::builder()
         .scheme(e.scheme.clone())
@@ -375,8 +377,9 @@ async fn scrape(
             started + interval
         }
         Err(fail) => {
-            // Three intervals without an answer and the signals are unknown, not stale numbers.
-            if signals.failed(now, 3 * interval) {
+            // Three intervals (and a timeout) without an answer and the signals are unknown,
+            // not stale numbers.
+            if signals.failed(now, (3 * interval).max(timeout + interval)) {
                 m.set_server(&b.name, &e.label, None, 0.0);
             }
             tracing::debug!(backend = %b.name, endpoint = %e.label, "server metrics: {fail}");
