@@ -40,7 +40,7 @@ impl Replica {
                             let path = req.uri().path().to_string();
                             let body =
                                 req.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
-                            let mut slow = false;
+                            let (mut slow, mut quick) = (false, false);
                             let (ctype, text) = if path == "/metrics" {
                                 r.scrapes.fetch_add(1, Ordering::Relaxed);
                                 let page = format!(
@@ -56,7 +56,8 @@ impl Replica {
                             } else {
                                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                                 let first = v["messages"][0]["content"].as_str().unwrap_or("").to_string();
-                                slow = first == "slow";
+                                quick = first == "quick";
+                                slow = first == "slow" || quick;
                                 r.served.lock().unwrap().push(first);
                                 if slow {
                                     ("text/event-stream", String::new())
@@ -75,14 +76,16 @@ impl Replica {
                                     let _ = tx.send(Ok(bytes::Bytes::from(text))).await;
                                     return;
                                 }
-                                for i in 0..20 {
+                                // "quick": 3 tokens 20 ms apart.
+                                let (n, gap) = if quick { (3, 20) } else { (20, 200) };
+                                for i in 0..n {
                                     let ev = format!(
                                         "data: {{\"id\":\"s\",\"object\":\"chat.completion.chunk\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"t{i} \"}},\"finish_reason\":null}}]}}\n\n"
                                     );
                                     if tx.send(Ok(bytes::Bytes::from(ev))).await.is_err() {
                                         return;
                                     }
-                                    tokio::time::sleep(Duration::from_millis(200)).await;
+                                    tokio::time::sleep(Duration::from_millis(gap)).await;
                                 }
                                 let _ = tx.send(Ok(bytes::Bytes::from_static(b"data: [DONE]\n\n"))).await;
                             });
@@ -464,4 +467,49 @@ async fn a_stream_in_flight_to_an_endpoint_that_left_the_pool_finishes() {
     assert_eq!(rec["outcome"], "ok", "{rec}");
     assert_eq!(rec["endpoint"], format!("127.0.0.5:{port}"), "{rec}");
     assert_eq!((old.served(), new.served()), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_class_that_sheds_refuses_when_the_predicted_wait_passes_its_ttft_objective() {
+    let (a_addr, a) = Replica::spawn("127.0.0.1:0").await;
+    let (b_addr, b) = Replica::spawn("127.0.0.1:0").await;
+    let gp = Goodput::start(&format!(
+        r#"
+backends:
+  - name: pool
+    endpoints: ["http://{a_addr}", "http://{b_addr}"]
+    models: [m]
+    server_metrics: {{interval_ms: 100}}
+classes:
+  interactive: {{ttft_p95_ms: 50, shed: true}}
+routing: {{exploration: 0.0, response_headers: true, default_class: interactive, min_samples: 2}}
+"#
+    ));
+    let quick = || {
+        post_json(
+            "/v1/chat/completions",
+            r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"quick"}]}"#,
+        )
+    };
+    // Both replicas measured: a few ms to the first token, ~40 ms in all.
+    for _ in 0..12 {
+        assert_eq!(send(gp.proxy, quick()).await.status, 200);
+    }
+    assert!(a.served() >= 2 && b.served() >= 2, "{} / {}", a.served(), b.served());
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    // Three queued at each (not saturated: 3 <= 5): ~3 x 40 ms predicted, past the 50 ms objective.
+    a.waiting.store(3, Ordering::Relaxed);
+    b.waiting.store(3, Ordering::Relaxed);
+    a.scraped(2).await;
+    b.scraped(2).await;
+    let r = send(gp.proxy, quick()).await;
+    assert_eq!(r.status, 429, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("predicted TTFT"), "{msg}");
+    // The queues drain: served again.
+    a.waiting.store(0, Ordering::Relaxed);
+    b.waiting.store(0, Ordering::Relaxed);
+    a.scraped(2).await;
+    b.scraped(2).await;
+    assert_eq!(send(gp.proxy, quick()).await.status, 200);
 }

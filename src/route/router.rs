@@ -567,7 +567,6 @@ impl Router {
         }
         let class = if ask.slo.is_empty() { route.class.clone() } else { ask.slo.apply(&route.class) };
         let draw = draw(ask.id ^ tried.len() as u64 ^ ((ask.tried_endpoints.len() as u64) << 32));
-        let d: Decision = choose(&class, &cands, &snap.policy, draw);
         let refuse = |at_capacity, shed| Choice {
             backend: 0,
             reason: Reason::NoHealthyBackend,
@@ -576,12 +575,15 @@ impl Router {
             at_capacity,
             shed,
         };
+        // Before the decision: a predicted wait past the TTFT objective sheds too, and that
+        // does not make a backend unusable for the decision.
+        if let Some(why) = self.shed(snap, route, ask, &class) {
+            return refuse(false, Some(why));
+        }
+        let d: Decision = choose(&class, &cands, &snap.policy, draw);
         let (k, mut reason) = match d.backend {
             Some(k) => (k, d.reason),
             None => {
-                if let Some(why) = self.shed(snap, route, ask, &class) {
-                    return refuse(false, Some(why));
-                }
                 // Open circuits do not refuse (the upstream's answer is what the client
                 // gets), but a configured concurrency limit is a promise to the backend.
                 let has_room =
