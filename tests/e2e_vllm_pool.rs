@@ -55,15 +55,19 @@ async fn a_queue_goodput_does_not_see_moves_its_picks_to_the_other_replica() {
     idle(&a).await;
     idle(&b).await;
     let gp = Goodput::start(&pool_yaml(&a, &b, ""));
-    // Eight long generations straight to `a`: four run, four wait.
+    // Eight clients straight to `a`, each sending its next long generation as the last ends:
+    // four run and four wait for as long as the test takes (on a busy two-core machine the six
+    // requests below can outlast one round of generations).
     let direct: Vec<_> = (0..8)
         .map(|i| {
             let addr = a.addr;
             tokio::spawn(async move {
-                let body = format!(
-                    r#"{{"model":"smollm2","prompt":"Tell me a long story, number {i}.","max_tokens":600,"ignore_eos":true}}"#
-                );
-                send(addr, post_json("/v1/completions", &body)).await
+                for round in 0.. {
+                    let body = format!(
+                        r#"{{"model":"smollm2","prompt":"Tell me a long story, number {i}.{round}.","max_tokens":600,"ignore_eos":true}}"#
+                    );
+                    send(addr, post_json("/v1/completions", &body)).await;
+                }
             })
         })
         .collect();
@@ -81,6 +85,7 @@ async fn a_queue_goodput_does_not_see_moves_its_picks_to_the_other_replica() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut to = HashMap::new();
+    let mut seen = Vec::new();
     for i in 0..6 {
         let body = format!(
             r#"{{"model":"smollm2","messages":[{{"role":"user","content":"Say hello, {i}."}}],"max_tokens":4}}"#
@@ -89,8 +94,22 @@ async fn a_queue_goodput_does_not_see_moves_its_picks_to_the_other_replica() {
         assert_eq!(r.status, 200, "{}", r.text());
         *to.entry((header(&r, "x-goodput-endpoint"), header(&r, "x-goodput-endpoint-reason")))
             .or_insert(0) += 1;
+        let routes = gp.admin_json("/admin/routes").await;
+        seen.push(format!(
+            "{:.1}s: {} (vLLM at a: {} running, {} waiting)",
+            t.elapsed().as_secs_f64(),
+            routes["routes"][0]["recent_decisions"][0]["endpoint_explanation"],
+            a.metrics().await.get("vllm:num_requests_running").copied().unwrap_or(-1.0),
+            a.metrics().await.get("vllm:num_requests_waiting").copied().unwrap_or(-1.0),
+        ));
     }
-    assert_eq!(to, HashMap::from([((b.addr.to_string(), "least_queue".to_string()), 6)]), "{to:?}");
+    eprintln!("{}", seen.join("\n"));
+    assert_eq!(
+        to,
+        HashMap::from([((b.addr.to_string(), "least_queue".to_string()), 6)]),
+        "{to:?}\n{}",
+        seen.join("\n")
+    );
     let routes = gp.admin_json("/admin/routes").await;
     let why =
         routes["routes"][0]["recent_decisions"][0]["endpoint_explanation"].as_str().unwrap().to_string();
