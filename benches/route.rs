@@ -32,7 +32,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
                 tokens_per_sec: 2000.0,
                 scored: 40,
                 perplexity: Some(8.0 + i as f64),
-                checked: 20,
+                rated: 20,
                 hallucination_rate: Some(0.05),
             },
         })

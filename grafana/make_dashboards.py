@@ -197,9 +197,10 @@ def quality():
         kind="heatmap",
     )
     b.panel(
-        "Hallucination rate (consistency checks, recorded 1h)",
+        "Hallucination rate (rated consistency checks, recorded 1h)",
         [('goodput:hallucination:ratio_rate1h{backend=~"$backend"}', "{{backend}} {{route}}")],
         "percentunit",
+        description="Share of rated checks judged hallucinated: a probability method (prompt) or a calibrated threshold. An uncalibrated ranking method (unigram, embedding) gives no rate, and this panel stays empty.",
     )
     b.panel(
         "Consistency score distribution",

@@ -142,3 +142,103 @@ async fn shutdown_cancels_shadow_requests_upstream() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A ranking method's scores are not a rate: none is reported until a threshold is calibrated
+/// on the stated reference; then the reference's stated share lies above it, the threshold is
+/// shown and exported, and a calibration on command starts over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ranking_method_reports_a_rate_only_once_calibrated() {
+    let (sim_addr, _sim) = spawn_sim(0.0, 0.0, 24).await;
+    let gp = Goodput::start(&consistency_yaml(
+        &sim_addr,
+        "    methods: [unigram]\n    calibration: {reference_backend: sim, checks: 10, reference_rate: 0.2}\n",
+    ));
+    let ask = |i: usize| {
+        let body = serde_json::json!({
+            "model": "sim-model", "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": format!("Tell me about tower number {i}.")}],
+        });
+        send(gp.proxy, post_json("/v1/chat/completions", &body.to_string()))
+    };
+    let rate_source = || async {
+        // Published every 250 ms.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let b = gp.admin_json("/admin/backends").await;
+        (b["backends"][0]["consistency_rate"].clone(), b["backends"][0]["window"]["quality"].clone())
+    };
+    assert_eq!(ask(0).await.status, 200);
+    wait_for(&gp, "goodput_consistency_checked_total", &[], 1.0).await;
+    let (src, q) = rate_source().await;
+    assert_eq!(
+        (src["state"].as_str(), src["have"].as_u64(), src["need"].as_u64()),
+        (Some("calibrating"), Some(1), Some(10)),
+        "{src}"
+    );
+    assert_eq!(
+        (q["consistency_checked"].as_u64(), q["consistency_rated"].as_u64()),
+        (Some(1), Some(0)),
+        "{q}"
+    );
+    assert!(q["hallucination_rate"].is_null(), "no rate before calibration: {q}");
+
+    for i in 1..14 {
+        assert_eq!(ask(i).await.status, 200);
+    }
+    wait_for(&gp, "goodput_consistency_checked_total", &[], 14.0).await;
+    let text = wait_for(&gp, "goodput_consistency_rated_total", &[], 5.0).await;
+    let (src, q) = rate_source().await;
+    assert_eq!(
+        (src["state"].as_str(), src["reference"].as_str(), src["checks"].as_u64()),
+        (Some("calibrated"), Some("sim"), Some(10)),
+        "{src}"
+    );
+    let threshold = src["threshold"].as_f64().unwrap();
+    assert!(threshold > 0.0 && threshold < 1.0, "{src}");
+    // The tenth check set the threshold and was the first with a verdict.
+    assert_eq!(
+        (q["consistency_checked"].as_u64(), q["consistency_rated"].as_u64()),
+        (Some(14), Some(5)),
+        "{q}"
+    );
+    let rate = q["hallucination_rate"].as_f64().expect("a calibrated rate");
+    assert!((0.0..=1.0).contains(&rate));
+    assert_eq!(metric(&text, "goodput_consistency_rated_total", &[]), 5.0);
+    let text = gp.metrics().await;
+    assert_eq!(
+        metric(
+            &text,
+            "goodput_consistency_threshold",
+            &[("backend", "sim"), ("method", "unigram"), ("source", "calibrated")]
+        ),
+        threshold
+    );
+
+    // Calibrate again: the threshold goes, and the next checks collect anew.
+    let r = send(gp.admin, http::Request::post("/admin/calibrate").body(Default::default()).unwrap()).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (src, _) = rate_source().await;
+    assert_eq!((src["state"].as_str(), src["have"].as_u64()), (Some("calibrating"), Some(0)), "{src}");
+    assert!(!gp.metrics().await.contains("goodput_consistency_threshold{"), "no threshold while calibrating");
+}
+
+/// Without calibration a ranking method still exports its scores, and the rate is null: never
+/// the ~100% that a fixed threshold on unigram surprise reports for healthy text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncalibrated_ranking_method_reports_scores_and_no_rate() {
+    let (sim_addr, _sim) = spawn_sim(0.0, 0.0, 24).await;
+    let gp = Goodput::start_logged(&consistency_yaml(&sim_addr, ""), &[], &[]);
+    assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", &chat(24, false))).await.status, 200);
+    let text = wait_for(&gp, "goodput_consistency_score_count", &[("method", "unigram")], 1.0).await;
+    assert_eq!(metric(&text, "goodput_consistency_rated_total", &[]), 0.0);
+    assert_eq!(metric(&text, "goodput_consistency_hallucinated_total", &[]), 0.0);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = gp.admin_json("/admin/backends").await;
+    let (src, q) = (&b["backends"][0]["consistency_rate"], &b["backends"][0]["window"]["quality"]);
+    assert_eq!(src["state"], "uncalibrated", "{src}");
+    assert!(q["hallucination_rate"].is_null() && q["consistency_checked"] == 1, "{q}");
+    assert!(b["backends"][0]["router_stats"]["hallucination_rate"].is_null());
+    // The config's warning says why, at load.
+    assert!(gp.log().contains("no hallucination rate is reported"), "{}", gp.log());
+    let r = send(gp.admin, http::Request::post("/admin/calibrate").body(Default::default()).unwrap()).await;
+    assert_eq!(r.status, 409, "nothing to calibrate: {}", r.text());
+}

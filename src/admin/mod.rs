@@ -65,11 +65,14 @@ pub async fn handle(proxy: &Proxy, token: Option<&str>, req: Request<Incoming>) 
         let name = name.to_string();
         return sim_patch(proxy, &name, req).await;
     }
+    if req.method() == Method::POST && req.uri().path() == "/admin/calibrate" {
+        return calibrate(proxy);
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return respond(
             StatusCode::METHOD_NOT_ALLOWED,
             "text/plain",
-            "GET only (and POST /admin/sim/NAME)\n",
+            "GET only (and POST /admin/sim/NAME, POST /admin/calibrate)\n",
         );
     }
     match req.uri().path() {
@@ -147,11 +150,29 @@ fn server_rollup(eps: &[std::sync::Arc<crate::route::Endpoint>]) -> Option<serde
     }))
 }
 
+/// Forget the calibrated consistency thresholds: the references are checked again, and rates
+/// that need a threshold are null until then.
+fn calibrate(proxy: &Proxy) -> Response<Full<Bytes>> {
+    let snap = proxy.config.load();
+    match snap.config.quality.consistency.as_ref().map(|c| c.calibration.is_some()) {
+        Some(true) => {
+            proxy.recorder.shared.recalibrate.store(true, std::sync::atomic::Ordering::Release);
+            json(&serde_json::json!({"calibrating": true}))
+        }
+        _ => respond(
+            StatusCode::CONFLICT,
+            "text/plain",
+            "no quality.consistency.calibration in the config: nothing to calibrate\n",
+        ),
+    }
+}
+
 fn backends(proxy: &Proxy) -> serde_json::Value {
     let snap = proxy.config.load();
     let windows = proxy.recorder.shared.windows.load();
     let endpoint_windows = proxy.recorder.shared.endpoint_windows.load();
     let remote = proxy.router.remote_stats();
+    let calibration = proxy.recorder.shared.calibration.load();
     let list: Vec<serde_json::Value> = snap
         .backends
         .iter()
@@ -184,6 +205,8 @@ fn backends(proxy: &Proxy) -> serde_json::Value {
                     })),
                 })).collect::<Vec<_>>(),
                 "discovered_models": &**b.state.models.all(),
+                // What its hallucination rate comes from (null: no consistency checks).
+                "consistency_rate": calibration.get(&*b.name),
                 "window": windows.get(&*b.name),
                 "router_stats": remote.as_ref().and_then(|r| r.get(&*b.name)).cloned()
                     .or_else(|| windows.get(&*b.name).map(crate::route::router::stats_of)),

@@ -10,7 +10,7 @@ pub mod route;
 pub mod routing;
 
 pub use pool::{Discovery, PoolPolicy, PoolSettings, PoolWeights, PrefixSettings};
-pub use quality::{ConsistencyConfig, Device, Method, PerplexityConfig, QualityConfig};
+pub use quality::{CalibrationConfig, ConsistencyConfig, Device, Method, PerplexityConfig, QualityConfig};
 pub use reload::{ConfigHandle, spawn_reloader};
 pub use route::{Route, RouteMatch};
 pub use routing::{BreakerSettings, RoutingConfig, SlaClass, StatsSettings, StatsSource};
@@ -353,13 +353,24 @@ impl Config {
 
     /// What a valid config sets that has no effect, one sentence each.
     pub fn warnings(&self) -> Vec<String> {
-        [("server.direct", self.server), ("upstream.direct", self.upstream)]
+        let mut w: Vec<String> = [("server.direct", self.server), ("upstream.direct", self.upstream)]
             .into_iter()
             .filter(|(_, r)| !r.is_unset())
             .map(|(key, _)| {
                 format!("`{key}` is no longer read and is ignored: hyper serves every connection and sends every upstream request; remove the key")
             })
-            .collect()
+            .collect();
+        if let Some(c) = &self.quality.consistency
+            && let Some(m) = c.methods.first()
+            && !m.is_probability()
+            && c.calibration.is_none()
+        {
+            w.push(format!(
+                "`quality.consistency`: `{}` scores only rank responses, so no hallucination rate is reported (null) until `calibration` sets a threshold; `threshold` applies to `prompt` only",
+                m.as_str()
+            ));
+        }
+        w
     }
 
     pub fn from_yaml(text: &str) -> Result<Config, ConfigErrors> {
@@ -555,6 +566,19 @@ impl Config {
             && !self.backends.iter().any(|b| &b.name == j)
         {
             err("quality.consistency.judge_backend".into(), format!("no backend named `{j}`"));
+        }
+        if let Some(r) = self
+            .quality
+            .consistency
+            .as_ref()
+            .and_then(|c| c.calibration.as_ref())
+            .and_then(|k| k.reference_backend.as_ref())
+            && !self.backends.iter().any(|b| &b.name == r)
+        {
+            err(
+                "quality.consistency.calibration.reference_backend".into(),
+                format!("no backend named `{r}`"),
+            );
         }
         let backend_names: Vec<&str> = self.backends.iter().map(|b| b.name.as_str()).collect();
         route::validate(&self.routes, &backend_names, &self.classes, &mut err);

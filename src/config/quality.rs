@@ -113,6 +113,13 @@ pub enum Method {
 }
 
 impl Method {
+    /// Its score reads as a probability (SelfCheck-Prompt: the share of the judge's answers
+    /// that say a sample does not support the sentence), so a threshold on it gives a rate.
+    /// The others only rank responses: a rate from them needs a calibrated threshold.
+    pub fn is_probability(self) -> bool {
+        matches!(self, Method::Prompt)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Method::Unigram => "unigram",
@@ -164,9 +171,15 @@ pub struct ConsistencyConfig {
     /// value is served later); not sent when absent.
     #[serde(default)]
     pub priority: Option<i64>,
-    /// A response whose hallucination score exceeds this counts as hallucinated.
+    /// For a method whose score is a probability (`prompt`): a response scoring above this
+    /// counts as hallucinated. A ranking method (`unigram`, `embedding`) gives a rate only once
+    /// `calibration` has set its threshold.
     #[serde(default = "default_threshold")]
     pub threshold: f64,
+    /// How a ranking method's threshold is set from a reference; without it such a method
+    /// reports scores and no rate.
+    #[serde(default)]
+    pub calibration: Option<CalibrationConfig>,
     /// Per shadow request: headers, then the whole body.
     #[serde(default = "default_shadow_timeout")]
     pub timeout_ms: u64,
@@ -177,6 +190,33 @@ pub struct ConsistencyConfig {
     /// libonnxruntime.so for `embedding` when no perplexity model names one (else ORT_DYLIB_PATH).
     #[serde(default)]
     pub onnxruntime: Option<PathBuf>,
+}
+
+/// Calibrating a ranking method's threshold on a reference taken as healthy: the threshold is
+/// the score above which `reference_rate` of the reference's checked responses lie, so that
+/// the reference reports that rate and any other backend reports the share of its responses
+/// as suspicious as the reference's worst `reference_rate`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct CalibrationConfig {
+    /// The healthy reference: this backend's checks set one threshold for every backend. Absent:
+    /// each backend's own first `checks` checks set its threshold (the period it is taken as
+    /// healthy in).
+    #[serde(default)]
+    pub reference_backend: Option<String>,
+    /// Checked responses the threshold is set from.
+    #[serde(default = "default_calibration_checks")]
+    pub checks: usize,
+    /// The reference's own hallucination rate, from a labelled evaluation of it
+    /// (README, "Hallucination rate"); stated, never guessed by goodput.
+    pub reference_rate: f64,
+    /// Where thresholds are kept across restarts (JSON); absent: in memory only.
+    #[serde(default)]
+    pub path: Option<PathBuf>,
+}
+
+fn default_calibration_checks() -> usize {
+    50
 }
 
 fn default_consistency_rate() -> f64 {
@@ -298,6 +338,17 @@ impl QualityConfig {
             }
             if !(0.0..=1.0).contains(&c.threshold) {
                 err(format!("{p}.threshold"), "must be between 0 and 1".into());
+            }
+            if let Some(k) = &c.calibration {
+                if !(k.reference_rate > 0.0 && k.reference_rate < 1.0) {
+                    err(
+                        format!("{p}.calibration.reference_rate"),
+                        format!("must be between 0 and 1 (exclusive), got {}", k.reference_rate),
+                    );
+                }
+                if !(10..=100_000).contains(&k.checks) {
+                    err(format!("{p}.calibration.checks"), "must be between 10 and 100000".into());
+                }
             }
         }
         let Some(p) = &self.perplexity else { return };

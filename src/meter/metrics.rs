@@ -70,7 +70,9 @@ pub struct Metrics {
     pub shadow_skipped: IntCounterVec,
     pub consistency_score: HistogramVec,
     pub consistency_checked: IntCounterVec,
+    pub consistency_rated: IntCounterVec,
     pub consistency_hallucinated: IntCounterVec,
+    pub consistency_threshold: GaugeVec,
     pub consistency_failed: IntCounter,
     pub route_decisions: IntCounterVec,
     pub route_stats_reads: IntCounterVec,
@@ -374,8 +376,11 @@ impl Metrics {
             consistency_score: hist(
                 &reg,
                 "goodput_consistency_score",
-                "Hallucination score of checked responses in [0, 1] (mean over sentences; 0 = every re-sample agrees), by method.",
-                &(1..=20).map(|i| i as f64 * 0.05).collect::<Vec<_>>(),
+                "Consistency score of checked responses in [0, 1] (mean over sentences; 0 = every re-sample agrees), by method. A ranking score for unigram and embedding (healthy text scores near 1 under unigram), a probability for prompt; the rate is goodput_consistency_hallucinated_total / goodput_consistency_rated_total.",
+                &(1..=18)
+                    .map(|i| i as f64 * 0.05)
+                    .chain([0.92, 0.94, 0.96, 0.97, 0.98, 0.985, 0.99, 0.995, 0.999, 1.0])
+                    .collect::<Vec<_>>(),
                 &with(&["method"]),
             ),
             consistency_checked: counter(
@@ -384,11 +389,23 @@ impl Metrics {
                 "Responses checked for consistency.",
                 l,
             ),
+            consistency_rated: counter(
+                &reg,
+                "goodput_consistency_rated_total",
+                "Checked responses that got a verdict: the method's score is a probability (prompt, against quality.consistency.threshold) or its threshold is calibrated. Checks by an uncalibrated ranking method get none.",
+                l,
+            ),
             consistency_hallucinated: counter(
                 &reg,
                 "goodput_consistency_hallucinated_total",
-                "Checked responses whose hallucination score exceeded quality.consistency.threshold: ÷ checked = the hallucination rate.",
+                "Rated responses judged hallucinated (score above the threshold): ÷ goodput_consistency_rated_total = the hallucination rate.",
                 l,
+            ),
+            consistency_threshold: gauge(
+                &reg,
+                "goodput_consistency_threshold",
+                "The score above which a checked response counts as hallucinated, by backend, method and source (configured: a probability method's quality.consistency.threshold; calibrated: set on a reference). Absent: no verdicts, no rate.",
+                &["backend", "method", "source"],
             ),
             consistency_failed: single(
                 "goodput_consistency_failed_total",

@@ -12,6 +12,7 @@ use super::metrics::Metrics;
 use super::record::{Outcome, Payload, RequestRecord, TokenSource};
 use super::window::{QualityWindow, Window, WindowSnapshot};
 use crate::config::ConfigHandle;
+use crate::quality::calibration::{Calibrator, RateSource};
 use crate::quality::consistency::{Checker, ConsistencyJob};
 use crate::quality::scorer::{ScoreJob, Scorer};
 use crate::quality::{QualityEvent, Subject};
@@ -37,6 +38,10 @@ pub struct Shared {
     pub endpoint_windows: ArcSwap<super::window::EndpointWindows>,
     /// Per SLA class (the class each request was routed under).
     pub classes: ArcSwap<HashMap<String, WindowSnapshot>>,
+    /// Per backend, what its hallucination rate comes from (consistency checks on only).
+    pub calibration: ArcSwap<HashMap<String, RateSource>>,
+    /// Set by admin: forget calibrated thresholds and calibrate again.
+    pub recalibrate: std::sync::atomic::AtomicBool,
     recent: Mutex<VecDeque<RequestRecord>>,
     /// Records fully processed so far (tests wait on it).
     processed: std::sync::atomic::AtomicU64,
@@ -81,6 +86,8 @@ impl Recorder {
             windows: ArcSwap::from_pointee(HashMap::new()),
             endpoint_windows: ArcSwap::from_pointee(HashMap::new()),
             classes: ArcSwap::from_pointee(HashMap::new()),
+            calibration: ArcSwap::from_pointee(HashMap::new()),
+            recalibrate: Default::default(),
             recent: Mutex::new(VecDeque::new()),
             processed: Default::default(),
             submitted: Default::default(),
@@ -159,6 +166,8 @@ fn run(
             w.quality = QualityWindow::new(q);
         }
     };
+    let mut calibrator = Calibrator::default();
+    let mut thresholds: Vec<[String; 3]> = Vec::new();
     let mut last_publish = Instant::now();
     let mut last_work = Instant::now();
     loop {
@@ -250,8 +259,25 @@ fn run(
                     }
                 }
                 QualityEvent::Consistency(res) => {
+                    let verdict = snap.config.quality.consistency.as_ref().and_then(|c| {
+                        calibrator.load(c);
+                        let unix = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map_or(0, |d| d.as_secs());
+                        if let Some(t) = calibrator.observe(c, &backend, res.method, res.score, unix) {
+                            tracing::info!(reference = %t.reference, method = t.method.as_str(), threshold = t.threshold, checks = t.checks, "consistency threshold calibrated");
+                        }
+                        calibrator.source(c, &backend).threshold().map(|t| res.score > t)
+                    });
+                    let labels = res.of.labels();
+                    if let Some(h) = verdict {
+                        metrics.consistency_rated.with_label_values(&labels).inc();
+                        if h {
+                            metrics.consistency_hallucinated.with_label_values(&labels).inc();
+                        }
+                    }
                     for w in [windows.get_mut(&*backend), classes.get_mut(&*class)].into_iter().flatten() {
-                        w.quality.add_consistency(now, res.score, res.hallucinated);
+                        w.quality.add_consistency(now, res.score, verdict);
                     }
                     if let Some(r) = rec {
                         r.hallucination_score = Some(res.score);
@@ -281,6 +307,36 @@ fn run(
                         })
                         .collect()
                 };
+            if let Some(c) = &snap.config.quality.consistency {
+                calibrator.load(c);
+                if shared.recalibrate.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                    calibrator.reset(Some(c));
+                    tracing::info!("consistency thresholds forgotten: calibrating again");
+                }
+                let sources: HashMap<String, RateSource> = snap
+                    .backends
+                    .iter()
+                    .map(|b| (b.name.to_string(), calibrator.source(c, &b.name)))
+                    .collect();
+                let mut now_thresholds = Vec::new();
+                for (b, src) in &sources {
+                    let (method, source) = match src {
+                        RateSource::Probability { method, .. } => (*method, "configured"),
+                        RateSource::Calibrated(t) => (t.method, "calibrated"),
+                        _ => continue,
+                    };
+                    if let Some(t) = src.threshold() {
+                        metrics.consistency_threshold.with_label_values(&[b, method.as_str(), source]).set(t);
+                        now_thresholds.push([b.clone(), method.as_str().to_string(), source.to_string()]);
+                    }
+                }
+                for gone in thresholds.iter().filter(|x| !now_thresholds.contains(x)) {
+                    let _ =
+                        metrics.consistency_threshold.remove_label_values(&[&gone[0], &gone[1], &gone[2]]);
+                }
+                thresholds = now_thresholds;
+                shared.calibration.store(Arc::new(sources));
+            }
             shared.windows.store(Arc::new(publish("backend", &mut windows)));
             shared.classes.store(Arc::new(publish("class", &mut classes)));
             // Endpoints that left their pool (or whose backend left) leave the windows too.

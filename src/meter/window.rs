@@ -304,6 +304,7 @@ struct QualitySlot {
     log_perplexity_sum: f64,
     tokens: u64,
     checked: u64,
+    rated: u64,
     hallucinated: u64,
     consistency_sum: f64,
     judged: u64,
@@ -325,8 +326,11 @@ pub struct QualitySnapshot {
     /// exp(mean ln ppl): the typical perplexity, not dragged by one degenerate response.
     pub perplexity_geomean: Option<f64>,
     pub bits_per_byte_mean: Option<f64>,
-    /// Responses checked for consistency, and the share judged hallucinated among them.
+    /// Responses checked for consistency.
     pub consistency_checked: u64,
+    /// Those whose score gave a verdict (a probability method, or a calibrated threshold),
+    /// the hallucinated among them, and their share: null while no check gave a verdict.
+    pub consistency_rated: u64,
     pub hallucinated: u64,
     pub hallucination_rate: Option<f64>,
     pub consistency_score_mean: Option<f64>,
@@ -346,6 +350,7 @@ impl QualityWindow {
             log_perplexity_sum: 0.0,
             tokens: 0,
             checked: 0,
+            rated: 0,
             hallucinated: 0,
             consistency_sum: 0.0,
             judged: 0,
@@ -378,6 +383,7 @@ impl QualityWindow {
             s.log_perplexity_sum = 0.0;
             s.tokens = 0;
             s.checked = 0;
+            s.rated = 0;
             s.hallucinated = 0;
             s.consistency_sum = 0.0;
             s.judged = 0;
@@ -386,16 +392,21 @@ impl QualityWindow {
         s
     }
 
-    pub fn add_consistency(&mut self, second: u64, score: f64, hallucinated: bool) {
+    /// A consistency check: its score, and its verdict when its method gives one
+    /// (`quality::calibration`). Only a verdict counts toward the rate and the pass rate.
+    pub fn add_consistency(&mut self, second: u64, score: f64, hallucinated: Option<bool>) {
         if !score.is_finite() {
             return;
         }
         let s = self.slot(second);
         s.checked += 1;
-        s.hallucinated += u64::from(hallucinated);
         s.consistency_sum += score;
-        s.judged += 1;
-        s.passed += u64::from(!hallucinated);
+        if let Some(h) = hallucinated {
+            s.rated += 1;
+            s.hallucinated += u64::from(h);
+            s.judged += 1;
+            s.passed += u64::from(!h);
+        }
     }
 
     /// A perplexity score; `passed`: within the class's `max_perplexity` (or none is set).
@@ -417,7 +428,7 @@ impl QualityWindow {
         let n = self.slots.len() as u64;
         let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000_000, 2).expect("valid bounds");
         let (mut bpb, mut lnp, mut tokens) = (0.0, 0.0, 0);
-        let (mut checked, mut hallucinated, mut csum) = (0, 0, 0.0);
+        let (mut checked, mut rated, mut hallucinated, mut csum) = (0, 0, 0, 0.0);
         let (mut judged, mut passed) = (0, 0);
         for s in &self.slots {
             if s.index == u64::MAX || s.index > now || now - s.index >= n {
@@ -428,6 +439,7 @@ impl QualityWindow {
             lnp += s.log_perplexity_sum;
             tokens += s.tokens;
             checked += s.checked;
+            rated += s.rated;
             hallucinated += s.hallucinated;
             csum += s.consistency_sum;
             judged += s.judged;
@@ -445,8 +457,9 @@ impl QualityWindow {
             perplexity_geomean: (count > 0).then(|| (lnp / count as f64).exp()),
             bits_per_byte_mean: (count > 0).then(|| bpb / count as f64),
             consistency_checked: checked,
+            consistency_rated: rated,
             hallucinated,
-            hallucination_rate: (checked > 0).then(|| hallucinated as f64 / checked as f64),
+            hallucination_rate: (rated > 0).then(|| hallucinated as f64 / rated as f64),
             consistency_score_mean: (checked > 0).then(|| csum / checked as f64),
             judged,
             passed,
@@ -521,13 +534,18 @@ mod tests {
         assert_eq!(s.bits_per_byte_mean, Some(1.0));
         assert_eq!((s.judged, s.passed), (3, 2), "8.0 failed its floor; NaN is not judged");
         assert_eq!(q.snapshot(70).scored, 0, "slot 0 (seconds 0-9) left the 60 s window");
-        q.add_consistency(71, 0.8, true);
-        q.add_consistency(72, 0.2, false);
-        q.add_consistency(73, f64::NAN, true);
+        // A score without a verdict (an uncalibrated ranking method) is no rate.
+        q.add_consistency(71, 0.9, None);
         let s = q.snapshot(75);
-        assert_eq!((s.consistency_checked, s.hallucinated), (2, 1));
+        assert_eq!((s.consistency_checked, s.consistency_rated, s.hallucination_rate), (1, 0, None));
+        assert_eq!((s.judged, s.passed), (0, 0), "no verdict is no judgement");
+        q.add_consistency(71, 0.8, Some(true));
+        q.add_consistency(72, 0.1, Some(false));
+        q.add_consistency(73, f64::NAN, Some(true));
+        let s = q.snapshot(75);
+        assert_eq!((s.consistency_checked, s.consistency_rated, s.hallucinated), (3, 2, 1));
         assert_eq!(s.hallucination_rate, Some(0.5));
-        assert!((s.consistency_score_mean.unwrap() - 0.5).abs() < 1e-12);
+        assert!((s.consistency_score_mean.unwrap() - 0.6).abs() < 1e-12);
     }
 
     /// The running total against merging every slot afresh, over adds and snapshots in any

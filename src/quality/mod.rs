@@ -2,6 +2,7 @@
 //! dedicated threads. Perplexity under a reference LM run with ONNX Runtime is the first signal.
 
 pub mod budget;
+pub mod calibration;
 pub mod consistency;
 pub mod lm;
 pub mod offline;

@@ -49,8 +49,9 @@ pub struct Stats {
     /// Scored responses in the quality window, and their typical perplexity.
     pub scored: u64,
     pub perplexity: Option<f64>,
-    /// Consistency-checked responses, and the share judged hallucinated.
-    pub checked: u64,
+    /// Consistency checks that gave a verdict (a probability method or a calibrated
+    /// threshold), and the share judged hallucinated; none without a verdict.
+    pub rated: u64,
     pub hallucination_rate: Option<f64>,
 }
 
@@ -169,7 +170,7 @@ fn each_violation(class: &Class, c: &Candidate, p: &Policy, mut f: impl FnMut(st
     {
         f(format_args!("perplexity {g:.1} > {b:.1}"));
     }
-    if s.checked >= p.min_quality_samples
+    if s.rated >= p.min_quality_samples
         && let (Some(b), Some(g)) = (class.max_hallucination_rate, s.hallucination_rate)
         && g > b
     {
@@ -345,7 +346,7 @@ mod tests {
                 tokens_per_sec: 1000.0,
                 scored: 50,
                 perplexity: Some(ppl),
-                checked: 50,
+                rated: 50,
                 hallucination_rate: Some(0.1),
             },
         }
@@ -409,7 +410,7 @@ mod tests {
         let mut new = cand("new", 0.1, 5000.0, 99.0);
         new.stats.samples = 3;
         new.stats.scored = 2;
-        new.stats.checked = 0;
+        new.stats.rated = 0;
         let cands = vec![cand("old", 1.0, 200.0, 10.0), new];
         let d = decide(&class(Objective::Cheapest), &cands, &P, NO_EXPLORE);
         assert_eq!(d.backend, Some(1), "too few samples to hold 5 s TTFT against it: {}", d.explanation);

@@ -97,7 +97,7 @@ pub async fn read(
         format!(
             "histogram_quantile(0.5, sum by (backend, le) (rate(goodput_response_perplexity_bucket{sel}[{qr}])))"
         ),
-        format!("sum by (backend) (increase(goodput_consistency_checked_total{sel}[{qr}]))"),
+        format!("sum by (backend) (increase(goodput_consistency_rated_total{sel}[{qr}]))"),
         format!("sum by (backend) (increase(goodput_consistency_hallucinated_total{sel}[{qr}]))"),
     ];
     let mut r = Vec::with_capacity(qs.len());
@@ -111,7 +111,7 @@ pub async fn read(
         .into_iter()
         .map(|b| {
             let g = |i: usize| r[i].get(b).copied();
-            let checked = g(7).unwrap_or(0.0).round() as u64;
+            let rated = g(7).unwrap_or(0.0).round() as u64;
             let stats = Stats {
                 samples: g(0).unwrap_or(0.0).round() as u64,
                 ttft_p95_ms: g(1),
@@ -120,9 +120,8 @@ pub async fn read(
                 tokens_per_sec: g(4).unwrap_or(0.0),
                 scored: g(5).unwrap_or(0.0).round() as u64,
                 perplexity: g(6),
-                checked,
-                hallucination_rate: (checked > 0)
-                    .then(|| (g(8).unwrap_or(0.0) / g(7).unwrap_or(1.0)).min(1.0)),
+                rated,
+                hallucination_rate: (rated > 0).then(|| (g(8).unwrap_or(0.0) / g(7).unwrap_or(1.0)).min(1.0)),
             };
             (b.clone(), stats)
         })

@@ -470,7 +470,7 @@ pub fn stats_of(w: &WindowSnapshot) -> Stats {
         tokens_per_sec: w.output_tokens_per_sec,
         scored: w.quality.scored,
         perplexity: w.quality.perplexity_geomean,
-        checked: w.quality.consistency_checked,
+        rated: w.quality.consistency_rated,
         hallucination_rate: w.quality.hallucination_rate,
     }
 }

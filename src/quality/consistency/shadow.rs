@@ -46,12 +46,15 @@ pub struct ConsistencyJob {
 #[derive(Debug, Clone)]
 pub struct ConsistencyResult {
     pub of: Subject,
-    /// In [0, 1], from the first configured method: the mean of the sentence scores.
+    /// The first configured method, which `score` is from.
+    pub method: Method,
+    /// In [0, 1], from the first configured method: the mean of the sentence scores. Whether
+    /// it makes the response count as hallucinated is the recorder's call
+    /// (`quality::calibration`).
     pub score: f64,
     pub sentence_scores: Vec<f64>,
     /// Every method's response score in [0, 1].
     pub method_scores: Vec<(Method, f64)>,
-    pub hallucinated: bool,
     pub samples: usize,
 }
 
@@ -327,7 +330,7 @@ impl Engine {
             };
             per_method.push((*m, scores));
         }
-        let Some((_, primary)) = per_method.first() else { return };
+        let Some((method, primary)) = per_method.first() else { return };
         let mean = |v: &[f64]| {
             let ok: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
             (!ok.is_empty()).then(|| ok.iter().sum::<f64>() / ok.len() as f64)
@@ -346,17 +349,13 @@ impl Engine {
                 .with_label_values(&[labels[0], labels[1], labels[2], name])
                 .observe(*s);
         }
-        let hallucinated = score > c.threshold;
         self.metrics.consistency_checked.with_label_values(&labels).inc();
-        if hallucinated {
-            self.metrics.consistency_hallucinated.with_label_values(&labels).inc();
-        }
         let _ = self.results.send(QualityEvent::Consistency(ConsistencyResult {
             of: job.of.clone(),
+            method: *method,
             score,
             sentence_scores: primary.clone(),
             method_scores,
-            hallucinated,
             samples: samples.len(),
         }));
     }
