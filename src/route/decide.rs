@@ -1,7 +1,8 @@
 //! The decision: a statistics snapshot in, a choice and its reason out.
 //!
-//! 1. Health: backends whose circuit is open, that are at their concurrency limit, or whose
-//!    every endpoint reports a saturated queue or KV cache, are out.
+//! 1. Health: backends whose circuit is open or that are at their concurrency limit are out;
+//!    those whose every endpoint reports a saturated queue or KV cache are out while another
+//!    usable backend is not saturated.
 //! 2. Exploration: a small share of decisions picks any healthy backend, so that every backend's
 //!    statistics stay fresh.
 //! 3. Compliance: a backend complies with a class when each of its windowed statistics that the
@@ -214,21 +215,27 @@ pub type Indices = SmallVec<[usize; 8]>;
 
 fn decide_with(class: &Class, cands: &[Candidate], p: &Policy, d: Draw, explain: bool) -> Decision {
     let mut why = String::new();
+    // Saturation is soft: a busy server still serves, so a saturated backend is out only while
+    // another usable one is not (as within a pool, `route::pool`).
+    let open = |c: &Candidate| c.healthy && c.max_concurrency.is_none_or(|m| c.outstanding < m);
+    let any_unsaturated = cands.iter().any(|c| open(c) && !c.saturated);
     let usable: Indices = (0..cands.len())
         .filter(|&i| {
             let c = &cands[i];
-            let ok = c.healthy && !c.saturated && c.max_concurrency.is_none_or(|m| c.outstanding < m);
-            if !ok && explain {
+            let ok = open(c) && (!c.saturated || !any_unsaturated);
+            if explain && (!ok || c.saturated) {
                 let _ = write!(
                     why,
                     "; {} {}",
                     c.name,
                     if !c.healthy {
                         "unhealthy"
-                    } else if c.saturated {
-                        "saturated (every endpoint's queue or KV cache past its threshold)"
-                    } else {
+                    } else if !open(c) {
                         "at its concurrency limit"
+                    } else if ok {
+                        "saturated (every endpoint's queue or KV cache past its threshold), kept: no usable backend is not"
+                    } else {
+                        "saturated (every endpoint's queue or KV cache past its threshold)"
                     }
                 );
             }
@@ -439,6 +446,35 @@ mod tests {
         );
         let d = decide(&class(Objective::Cheapest), &[a, b, cand("c", 9.0, 100.0, 10.0)], &P, NO_EXPLORE);
         assert_eq!(d.backend, Some(2));
+    }
+
+    #[test]
+    fn saturation_is_soft() {
+        let mut busy = cand("busy", 1.0, 100.0, 10.0);
+        busy.saturated = true;
+        // Another backend is not saturated: the busy one is out, though cheaper.
+        let d = decide(
+            &class(Objective::Cheapest),
+            &[busy.clone(), cand("calm", 9.0, 100.0, 10.0)],
+            &P,
+            NO_EXPLORE,
+        );
+        assert_eq!((d.backend, d.reason), (Some(1), Reason::Cheapest), "{}", d.explanation);
+        assert!(d.explanation.contains("busy saturated"), "{}", d.explanation);
+        // A sidecar's only backend is busy: it still serves, under the objective's reason, and
+        // the explanation says it is saturated (not "no healthy backend").
+        let d = decide(&class(Objective::Cheapest), std::slice::from_ref(&busy), &P, NO_EXPLORE);
+        assert_eq!((d.backend, d.reason), (Some(0), Reason::Cheapest), "{}", d.explanation);
+        assert!(
+            d.explanation.contains("busy saturated") && d.explanation.contains("kept"),
+            "{}",
+            d.explanation
+        );
+        // Unhealthy beats saturated: the saturated one is kept when it is the only usable one.
+        let mut down = cand("down", 0.5, 100.0, 10.0);
+        down.healthy = false;
+        let d = decide(&class(Objective::Cheapest), &[down, busy], &P, NO_EXPLORE);
+        assert_eq!((d.backend, d.reason), (Some(1), Reason::Cheapest), "{}", d.explanation);
     }
 
     #[test]
