@@ -67,6 +67,9 @@ async fn shadow_resamples_are_scored_and_not_user_traffic() {
     let recs = gp.records_when(2, "with a score", |r| !latest(r)["hallucination_score"].is_null()).await;
     let rec = latest(&recs);
     assert_eq!(rec["hallucination_score"], 0.5, "{rec}");
+    assert_eq!(rec["consistency_scores"]["prompt"], 0.5, "{rec}");
+    assert!(rec["consistency_scores"]["unigram"].as_f64().is_some(), "{rec}");
+    assert_eq!(rec["hallucinated"], false, "prompt's 0.5 is not above the 0.5 threshold: {rec}");
     let sentences = rec["sentence_scores"].as_array().unwrap();
     assert!(!sentences.is_empty() && sentences.iter().all(|s| s == 0.5));
     assert_eq!(metric(&text, "goodput_consistency_score_count", &[("method", "prompt")]), 1.0);

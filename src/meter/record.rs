@@ -126,10 +126,14 @@ pub struct RequestRecord {
     /// Perplexity and bits per byte under the reference LM, once a sampled response is scored.
     pub perplexity: Option<f64>,
     pub bits_per_byte: Option<f64>,
-    /// Consistency check (SelfCheckGPT), once done: the hallucination score in [0, 1] and the
-    /// score of each response sentence (numbers only).
+    /// Consistency check (SelfCheckGPT), once done: the first method's score in [0, 1] and
+    /// the score of each response sentence (numbers only).
     pub hallucination_score: Option<f64>,
     pub sentence_scores: Option<Vec<f64>>,
+    /// Every configured method's score, by method.
+    pub consistency_scores: Option<std::collections::BTreeMap<&'static str, f64>>,
+    /// The verdict, when the method gives one (a probability or a calibrated threshold).
+    pub hallucinated: Option<bool>,
 }
 
 /// The user data that rides along with a record to the recorder, apart from the record's

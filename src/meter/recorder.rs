@@ -282,6 +282,9 @@ fn run(
                     if let Some(r) = rec {
                         r.hallucination_score = Some(res.score);
                         r.sentence_scores = Some(res.sentence_scores);
+                        r.consistency_scores =
+                            Some(res.method_scores.iter().map(|(m, s)| (m.as_str(), *s)).collect());
+                        r.hallucinated = verdict;
                     }
                 }
             }

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Labelled evaluation of the consistency methods on a real LLM server (scripts/eval/
+# hallucination.py says how): goodput in front of it checks every response with unigram,
+# embedding and prompt (the server as its own judge); unigram, the first, calibrates on the
+# first phase (half the questions) with REFERENCE_RATE as the stated error rate of that
+# phase's responses, and is validated on the other half.
+#
+#   VLLM_URL=http://127.0.0.1:18021 REFERENCE_RATE=0.36 REPS=2 scripts/eval-hallucination.sh
+#
+# REFERENCE_RATE: the server's observed error rate on these questions, from an earlier run of
+# this script (the `calibrate` phase's observed_error_rate). Output: target/eval/hallucination.json.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+: "${VLLM_URL:?the server to evaluate, e.g. http://127.0.0.1:18021 (scripts/run-vllm.sh)}"
+REFERENCE_RATE="${REFERENCE_RATE:-0.5}"
+REPS="${REPS:-1}"
+OUT=target/eval
+mkdir -p "$OUT"
+EMBED="$(scripts/setup-embeddings.sh | tail -1)"
+ORT="$(scripts/setup-onnxruntime.sh | tail -1)"
+cargo build --release --quiet
+BIN=target/release/goodput
+K6=unused DURATION=0 TOKENS=0
+# shellcheck source=scripts/bench/lib.sh
+source scripts/bench/lib.sh
+N="$(grep -vc '^#' scripts/eval/facts.tsv)"
+cat > "$OUT/hallucination.yaml" <<YAML
+backends:
+  - name: vllm
+    url: $VLLM_URL
+    models: [smollm2]
+metrics: {recent_records: 2000}
+quality:
+  max_cpu: 16
+  consistency:
+    sample_rate: 1.0
+    samples: 3
+    max_tokens: 40
+    max_token_share: 1000
+    max_concurrent: 4
+    queue_capacity: 1000
+    methods: [unigram, embedding, prompt]
+    max_sentences: 4
+    embedding_model_dir: $EMBED
+    onnxruntime: $ORT
+    calibration: {checks: $(((N + 1) / 2 * REPS)), reference_rate: $REFERENCE_RATE}
+YAML
+start_goodput --config "$OUT/hallucination.yaml"
+python3 scripts/eval/hallucination.py "$GP" "$ADMIN" scripts/eval/facts.tsv "$REPS" "$OUT/hallucination.json"

@@ -1,0 +1,212 @@
+"""Labelled evaluation of goodput's consistency methods (scripts/eval-hallucination.sh runs it).
+
+Factual questions with answers checkable by string match (scripts/eval/facts.tsv) go through
+goodput to a real LLM server, every response consistency-checked. Each answer is labelled wrong
+when it names none of the accepted answers. Phases, one request at a time:
+
+  calibrate  half the questions (every other one), healthy sampling (temperature 0.7):
+             goodput calibrates its ranking method's threshold on these checks, stating
+             REFERENCE_RATE as their error rate;
+  validate   the other half, healthy: goodput's reported rate against the observed error rate
+             of these responses (other questions, so that a server that repeats its answers
+             cannot make the check pass by construction);
+  gibberish  every question at temperature 1.8: the rate must be clearly higher.
+
+Per method: AUROC of the score for "wrong" (bootstrap 95% interval), and a reliability table
+(the verdict, or score bins for a probability method, against the observed error rate).
+Answers are held in memory only; the output has numbers.
+"""
+
+import json
+import math
+import random
+import re
+import sys
+import time
+import urllib.request
+
+gp, admin, facts_path, reps, out_path = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
+MODEL = "smollm2"
+
+
+def http(url, body=None, timeout=300):
+    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.read()
+
+
+def metrics():
+    out = {}
+    for line in http(f"http://{admin}/metrics").decode().splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = re.split(r"[{ ]", line, 1)[0]
+        out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return out
+
+
+facts = []
+for line in open(facts_path, encoding="utf-8"):
+    if line.startswith("#") or not line.strip():
+        continue
+    kind, question, answers = line.rstrip("\n").split("\t")
+    facts.append((kind, question, answers.split("|")))
+
+
+def correct(kind, answer, accepted):
+    for a in accepted:
+        flags = 0 if kind == "symbol" else re.IGNORECASE
+        if re.search(r"(?<![A-Za-z0-9])" + re.escape(a) + r"(?![A-Za-z0-9])", answer, flags):
+            return True
+    return False
+
+
+def ask(question, temperature):
+    body = {
+        "model": MODEL,
+        "temperature": temperature,
+        "max_tokens": 40,
+        "messages": [
+            {"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."},
+            {"role": "user", "content": question},
+        ],
+    }
+    r = json.loads(http(f"http://{gp}/v1/chat/completions", json.dumps(body).encode()))
+    return r["choices"][0]["message"]["content"]
+
+
+def checked_total():
+    m = metrics()
+    return m.get("goodput_consistency_checked_total", 0) + m.get("goodput_consistency_failed_total", 0) + m.get(
+        "goodput_shadow_checks_skipped_total", 0
+    )
+
+
+def run_phase(name, temperature, n_before, questions):
+    labels = []
+    for _ in range(reps):
+        for kind, q, accepted in questions:
+            labels.append(0 if correct(kind, ask(q, temperature), accepted) else 1)
+    # Every check finished (or failed, or was skipped) before the counters are read.
+    deadline = time.time() + 1800
+    while checked_total() < n_before + len(labels):
+        if time.time() > deadline:
+            sys.exit(f"{name}: checks did not finish")
+        time.sleep(1)
+    time.sleep(0.5)
+    recs = json.loads(http(f"http://{admin}/admin/records?limit={len(labels)}"))
+    recs.sort(key=lambda r: r["id"])
+    rows = [(lab, r.get("consistency_scores") or {}, r.get("hallucinated")) for lab, r in zip(labels, recs)]
+    m = metrics()
+    return rows, m, n_before + len(labels)
+
+
+def wilson(k, n, z=1.96):
+    if n == 0:
+        return None
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return [round(p, 3), round(c - h, 3), round(c + h, 3)]
+
+
+def auroc(pos, neg):
+    if not pos or not neg:
+        return None
+    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
+    return wins / (len(pos) * len(neg))
+
+
+def auroc_ci(rows, method, boots=1000):
+    pts = [(lab, s[method]) for lab, s, _ in rows if method in s]
+    pos = [v for lab, v in pts if lab]
+    neg = [v for lab, v in pts if not lab]
+    point = auroc(pos, neg)
+    if point is None:
+        return None
+    rnd = random.Random(7)
+    bs = []
+    for _ in range(boots):
+        p = [rnd.choice(pos) for _ in pos]
+        n = [rnd.choice(neg) for _ in neg]
+        bs.append(auroc(p, n))
+    bs.sort()
+    return [round(point, 3), round(bs[int(0.025 * boots)], 3), round(bs[int(0.975 * boots)], 3)]
+
+
+def delta(m1, m0, name):
+    return m1.get(name, 0.0) - m0.get(name, 0.0)
+
+
+m0 = metrics()
+n0 = checked_total()
+phases = {}
+prev_m, prev_n = m0, n0
+for name, temp, questions in [("calibrate", 0.7, facts[0::2]), ("validate", 0.7, facts[1::2]), ("gibberish", 1.8, facts)]:
+    rows, m, n = run_phase(name, temp, prev_n, questions)
+    rated = delta(m, prev_m, "goodput_consistency_rated_total")
+    halluc = delta(m, prev_m, "goodput_consistency_hallucinated_total")
+    errors = sum(lab for lab, _, _ in rows)
+    phases[name] = {
+        "temperature": temp,
+        "responses": len(rows),
+        "observed_error_rate": wilson(errors, len(rows)),
+        "goodput_rated": rated,
+        "goodput_rate": wilson(int(halluc), int(rated)) if rated else None,
+        "rows": rows,
+    }
+    prev_m, prev_n = m, n
+    print(f"{name}: {len(rows)} responses, observed error rate {phases[name]['observed_error_rate']}, "
+          f"goodput's rate {phases[name]['goodput_rate']} over {rated:.0f} rated", file=sys.stderr)
+
+methods = sorted({k for p in phases.values() for _, s, _ in p["rows"] for k in s})
+healthy = phases["calibrate"]["rows"] + phases["validate"]["rows"]
+report = {"phases": {}, "methods": {}}
+for name, p in phases.items():
+    report["phases"][name] = {k: v for k, v in p.items() if k != "rows"}
+for meth in methods:
+    entry = {
+        "auroc_wrong_vs_right_healthy": auroc_ci(healthy, meth),
+        "auroc_wrong_vs_right_all": auroc_ci(healthy + phases["gibberish"]["rows"], meth),
+    }
+    # Median score per phase, and the reliability of a threshold calibrated on the calibrate
+    # phase's observed error rate (what goodput's calibration does with a stated rate).
+    for name, p in phases.items():
+        v = sorted(s[meth] for _, s, _ in p["rows"] if meth in s)
+        entry[f"median_{name}"] = round(v[len(v) // 2], 4) if v else None
+    cal = sorted(s[meth] for _, s, _ in phases["calibrate"]["rows"] if meth in s)
+    err = phases["calibrate"]["observed_error_rate"][0]
+    if cal:
+        above = min(round(err * len(cal)), len(cal) - 1)
+        thr = cal[len(cal) - 1 - above]
+        entry["threshold_from_calibrate"] = thr
+        rel = {}
+        for name in ["validate", "gibberish"]:
+            rows = [(lab, s[meth]) for lab, s, _ in phases[name]["rows"] if meth in s]
+            flagged = [lab for lab, v in rows if v > thr]
+            passed = [lab for lab, v in rows if v <= thr]
+            rel[name] = {
+                "predicted_rate": round(len(flagged) / len(rows), 3) if rows else None,
+                "observed_error_rate": wilson(sum(lab for lab, _ in rows), len(rows)),
+                "error_rate_when_flagged": wilson(sum(flagged), len(flagged)),
+                "error_rate_when_passed": wilson(sum(passed), len(passed)),
+            }
+        entry["calibrated_verdicts"] = rel
+    # A probability method: its score bins against the observed error rate.
+    bins = [0.0, 0.25, 0.5, 0.75, 1.0001]
+    table = []
+    for lo, hi in zip(bins, bins[1:]):
+        sel = [(lab, s[meth]) for lab, s, _ in healthy + phases["gibberish"]["rows"] if meth in s and lo <= s[meth] < hi]
+        if sel:
+            table.append({
+                "bin": [lo, min(hi, 1.0)],
+                "n": len(sel),
+                "mean_score": round(sum(v for _, v in sel) / len(sel), 3),
+                "observed_error_rate": wilson(sum(lab for lab, _ in sel), len(sel)),
+            })
+    entry["reliability_bins"] = table
+    report["methods"][meth] = entry
+
+json.dump(report, open(out_path, "w"), indent=1)
+print(json.dumps(report, indent=1))
