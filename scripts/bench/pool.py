@@ -178,7 +178,9 @@ async def main():
         b = results[(w, base)]
         for name, _ in gps:
             rs = results[(w, name)]
-            ratios = " / ".join(f"{med(rs, k) / med(b, k):.2f}" for k in ("ttft_p50_ms", "ttft_p95_ms", "slo_attainment"))
+            # Round robin at 0 (every request missed): the ratio is undefined, not a crash.
+            ratio = lambda k: f"{med(rs, k) / med(b, k):.2f}" if med(b, k) else "n/a"
+            ratios = " / ".join(ratio(k) for k in ("ttft_p50_ms", "ttft_p95_ms", "slo_attainment"))
             print(
                 f"| {w} | {name} | {med(rs, 'ttft_p50_ms'):.0f} | {med(rs, 'ttft_p95_ms'):.0f} | "
                 f"{med(rs, 'slo_attainment'):.2f} | {med(rs, 'prefix_hit_ratio'):.2f} | {ratios} |"
