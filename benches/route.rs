@@ -106,11 +106,11 @@ fn pool() {
     let labels: Vec<std::sync::Arc<str>> = (0..8).map(|i| format!("10.0.0.{i}:8000").into()).collect();
     // Each endpoint's index full of other prompts, one holding this one.
     for (k, l) in labels.iter().enumerate() {
-        for j in 0..(p.prefix.index_blocks / 16) {
-            ix.sent(l, &[(k * 1_000_000 + j) as u64], p.prefix.index_blocks);
+        for j in 0..(p.prefix.index_capacity(None) / 16) {
+            ix.sent(l, &[(k * 1_000_000 + j) as u64], p.prefix.index_capacity(None));
         }
     }
-    ix.sent(&labels[3], &blocks, p.prefix.index_blocks);
+    ix.sent(&labels[3], &blocks, p.prefix.index_capacity(None));
     let ns = median(RUNS, 2_000, |_| {
         for l in &labels {
             black_box(ix.matched(l, black_box(&blocks)));

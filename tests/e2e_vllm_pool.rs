@@ -4,7 +4,8 @@
 //! one replica's prefix cache but not the pool's.
 //! - A queue that traffic goodput does not see moves goodput's picks to the other replica
 //!   within a few scrapes, before goodput's own latency windows hold a single sample.
-//! - Prefix affinity: requests sharing long system prompts, through goodput's picker and through
+//! - Prefix affinity (its index sized from each replica's KV cache as vLLM reports it):
+//!   requests sharing long system prompts, through goodput's picker and through
 //!   round robin (what a Kubernetes Service gives, near enough): vLLM's own prefix-cache hit
 //!   ratio is clearly higher with affinity, and TTFT lower.
 
@@ -22,7 +23,7 @@ backends:
   - name: pool
     endpoints: ["{}", "{}"]
     server_metrics: {{interval_ms: 250}}
-    pool: {{prefix: {{index_blocks: 64}}{pool}}}
+    pool: {{prefix: {{max_load_gap: 2}}{pool}}}
 routing: {{exploration: 0.0, response_headers: true, recent_decisions: 1000}}
 metrics: {{recent_records: 1000}}
 "#,
@@ -195,6 +196,22 @@ async fn prefix_affinity_raises_vllms_own_prefix_hits_over_round_robin() {
     let picker = Goodput::start(&pool_yaml(&a, &b, ""));
     // Round robin: what a Kubernetes Service gives, near enough, through the same proxy.
     let rr = Goodput::start(&pool_yaml(&a, &b, ", policy: round_robin"));
+    // The index is sized from each replica's own KV cache (vllm:cache_config_info: 32 blocks
+    // of 128 tokens), so that it forgets about when vLLM does: 4,096 tokens x 4 bytes / 256.
+    let t = Instant::now();
+    loop {
+        let bk = picker.admin_json("/admin/backends").await;
+        let eps = bk["backends"][0]["endpoints"].as_array().unwrap().clone();
+        if eps.iter().all(|e| !e["server"].is_null()) {
+            for e in &eps {
+                assert_eq!(e["server"]["kv_cache_tokens"], 4096.0, "{e}");
+                assert_eq!(e["prefix_index"]["capacity"], 64, "{e}");
+            }
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(30), "no scrape of the replicas: {eps:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let rounds = 4;
     let (hit_p, ttft_p, went_p, why_p) = shared_prefixes(&picker, &a, &b, "p", rounds).await;
     let (hit_r, ttft_r, went_r, _) = shared_prefixes(&rr, &a, &b, "r", rounds).await;

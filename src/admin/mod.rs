@@ -122,6 +122,7 @@ fn server_json(v: &crate::route::server::ServerView) -> serde_json::Value {
         "kv_cache_usage": v.reading.kv_cache_usage,
         "prefix_cache_hit_ratio": v.prefix_cache_hit_ratio,
         "preemptions": v.reading.preemptions,
+        "kv_cache_tokens": v.reading.kv_cache_tokens,
         "age_ms": v.at.elapsed().as_millis() as u64,
     })
 }
@@ -197,6 +198,12 @@ fn backends(proxy: &Proxy) -> serde_json::Value {
                     "outstanding": e.outstanding(),
                     "circuit": e.breaker_state(),
                     "server": e.server.view().map(|v| server_json(&v)),
+                    // Block hashes remembered for prefix affinity, and how many at most (set,
+                    // or sized from the server's KV cache).
+                    "prefix_index": b.is_pool.then(|| serde_json::json!({
+                        "blocks": b.state.prefix_blocks(&e.label),
+                        "capacity": b.pool.prefix.index_capacity(e.server.view().and_then(|v| v.reading.kv_cache_tokens)),
+                    })),
                     "window": endpoint_windows.get(&*b.name).and_then(|w| w.get(&*e.label)).map(|w| serde_json::json!({
                         "requests": w.counts.requests,
                         "ttft_p95_s": w.ttft.p95,

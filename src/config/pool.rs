@@ -100,9 +100,11 @@ pub struct PrefixSettings {
     /// The prompt is hashed in blocks of this many bytes of its JSON text (about a quarter
     /// as many tokens); only whole blocks count, as only whole blocks are cached.
     pub block_bytes: usize,
-    /// Block hashes remembered per endpoint (least recently sent forgotten first): about the
-    /// replica's KV-cache size in tokens x 4 / `block_bytes`.
-    pub index_blocks: usize,
+    /// Block hashes remembered per endpoint (least recently sent forgotten first), so that the
+    /// index forgets about when the replica's cache does. Unset: the replica's KV-cache size in
+    /// tokens (vLLM's `cache_config_info`) x 4 bytes per token / `block_bytes`, or 16384 while
+    /// the server has not said.
+    pub index_blocks: Option<usize>,
     /// Only the prompt's first this many blocks are hashed.
     pub max_prompt_blocks: usize,
     /// A prefix counts only at an endpoint holding at most this many requests more than the
@@ -112,7 +114,17 @@ pub struct PrefixSettings {
 
 impl Default for PrefixSettings {
     fn default() -> Self {
-        PrefixSettings { block_bytes: 256, index_blocks: 16_384, max_prompt_blocks: 512, max_load_gap: 2.0 }
+        PrefixSettings { block_bytes: 256, index_blocks: None, max_prompt_blocks: 512, max_load_gap: 2.0 }
+    }
+}
+
+impl PrefixSettings {
+    /// The blocks the index keeps for an endpoint whose KV cache holds `kv_cache_tokens`.
+    pub fn index_capacity(&self, kv_cache_tokens: Option<f64>) -> usize {
+        self.index_blocks.unwrap_or_else(|| match kv_cache_tokens {
+            Some(t) => ((t * 4.0 / self.block_bytes as f64) as usize).clamp(16, 1 << 20),
+            None => 16_384,
+        })
     }
 }
 
@@ -144,7 +156,7 @@ impl PoolSettings {
         if !(self.prefix.max_load_gap.is_finite() && self.prefix.max_load_gap >= 0.0) {
             v.push(("prefix.max_load_gap", "must be a finite number >= 0".into()));
         }
-        if self.prefix.index_blocks == 0 {
+        if self.prefix.index_blocks == Some(0) {
             v.push(("prefix.index_blocks", "must be at least 1".into()));
         }
         v

@@ -156,6 +156,11 @@ impl BackendState {
         self.prefix.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The prefix index's block hashes for `endpoint` (admin).
+    pub fn prefix_blocks(&self, endpoint: &str) -> usize {
+        self.prefix().len(endpoint)
+    }
+
     /// Requests outstanding over every endpoint.
     pub fn outstanding(&self) -> u64 {
         self.outstanding.load(Ordering::Relaxed)
@@ -229,7 +234,8 @@ impl BackendState {
         if let Some(e) = &endpoint {
             e.breaker().allow(now);
             if !ask.blocks.is_empty() {
-                self.prefix().sent(&e.label, ask.blocks, ask.settings.prefix.index_blocks);
+                let kv_tokens = e.server.view().and_then(|v| v.reading.kv_cache_tokens);
+                self.prefix().sent(&e.label, ask.blocks, ask.settings.prefix.index_capacity(kv_tokens));
             }
         }
         PoolPick { endpoint, reason: pick.reason, views, draw: d }

@@ -49,6 +49,9 @@ pub struct Reading {
     pub prefix_cache_hits: Option<f64>,
     /// `vllm:num_preemptions_total`: sequences preempted for lack of KV-cache blocks.
     pub preemptions: Option<f64>,
+    /// The KV cache's size in tokens, from `vllm:cache_config_info` (`kv_cache_size_tokens`, or
+    /// `num_gpu_blocks` x `block_size`): how much prompt the replica's prefix cache can hold.
+    pub kv_cache_tokens: Option<f64>,
 }
 
 /// The metric names read, each with the field it fills. Series of one name are summed (one per
@@ -61,6 +64,7 @@ const NAMES: &[(&str, Field)] = &[
     ("vllm:prefix_cache_queries", Field::Queries),
     ("vllm:prefix_cache_hits", Field::Hits),
     ("vllm:num_preemptions", Field::Preemptions),
+    ("vllm:cache_config_info", Field::CacheConfig),
 ];
 
 #[derive(Clone, Copy)]
@@ -71,6 +75,7 @@ enum Field {
     Queries,
     Hits,
     Preemptions,
+    CacheConfig,
 }
 
 /// The family a sample or `# TYPE` line belongs to, when it is one goodput reads. Counters'
@@ -115,6 +120,19 @@ pub fn read_metrics(text: &str) -> Option<Reading> {
             Field::Queries => &mut r.prefix_cache_queries,
             Field::Hits => &mut r.prefix_cache_hits,
             Field::Preemptions => &mut r.preemptions,
+            Field::CacheConfig => {
+                // An info metric: the numbers are in its labels. One series per engine.
+                let label = |k: &str| {
+                    s.labels().iter().find(|l| l.name == k).and_then(|l| l.value.parse::<f64>().ok())
+                };
+                let tokens = label("kv_cache_size_tokens")
+                    .or_else(|| Some(label("num_gpu_blocks")? * label("block_size")?))
+                    .filter(|t| t.is_finite() && *t > 0.0);
+                if let Some(t) = tokens {
+                    r.kv_cache_tokens = Some(r.kv_cache_tokens.unwrap_or(0.0) + t);
+                }
+                continue;
+            }
         };
         *slot = Some(slot.unwrap_or(0.0) + v);
     }
@@ -478,6 +496,23 @@ vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="smollm2"
         assert_eq!(r.waiting, Some(7.0));
         assert_eq!(r.kv_cache_usage, Some(0.9));
         assert_eq!(r.running, None);
+    }
+
+    #[test]
+    fn the_kv_cache_size_comes_from_the_cache_config_info() {
+        // vLLM 0.32's line, shortened; older ones have no kv_cache_size_tokens.
+        let text = "# TYPE vllm:cache_config_info gauge\n\
+            vllm:cache_config_info{block_size=\"128\",enable_prefix_caching=\"True\",engine=\"0\",kv_cache_size_tokens=\"4096\",num_gpu_blocks=\"32\",sliding_window=\"None\"} 1.0\n\
+            vllm:cache_config_info{block_size=\"16\",engine=\"1\",num_gpu_blocks=\"1000\",num_gpu_blocks_override=\"None\"} 1.0\n";
+        let r = read_metrics(text).unwrap();
+        assert_eq!(r.kv_cache_tokens, Some(4096.0 + 16_000.0));
+        assert_eq!(r.waiting, None);
+        let p = crate::config::PrefixSettings::default();
+        assert_eq!(p.index_capacity(Some(4096.0)), 64, "4096 tokens x 4 bytes / 256-byte blocks");
+        assert_eq!(p.index_capacity(None), 16_384);
+        assert_eq!(p.index_capacity(Some(1.0)), 16, "never below 16");
+        let set = crate::config::PrefixSettings { index_blocks: Some(100), ..p };
+        assert_eq!(set.index_capacity(Some(4096.0)), 100, "a configured size wins");
     }
 
     #[test]
