@@ -45,20 +45,30 @@ async def vllm_counters(client, replicas):
     return q, h
 
 
+FAILURES = {}
+
+
 async def chat(client, url, messages, max_tokens):
-    """TTFT in seconds (first content token), or None on failure."""
+    """TTFT in seconds (first content token), or None on failure; why is counted in FAILURES
+    (an HTTP status, a transport error or timeout, or a stream that ended without content)."""
     body = {"model": "smollm2", "stream": True, "max_tokens": max_tokens, "messages": messages}
     t0 = time.perf_counter()
     ttft = None
+    why = None
     try:
         async with client.stream("POST", url + "/v1/chat/completions", json=body, timeout=120) as r:
             if r.status_code != 200:
-                return None
-            async for line in r.aiter_lines():
-                if ttft is None and line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
-                    ttft = time.perf_counter() - t0
-    except httpx.HTTPError:
-        return None
+                why = f"status {r.status_code}"
+            else:
+                async for line in r.aiter_lines():
+                    if ttft is None and line.startswith("data: {") and '"content":"' in line and '"content":""' not in line:
+                        ttft = time.perf_counter() - t0
+                if ttft is None:
+                    why = "no content"
+    except httpx.HTTPError as e:
+        why = type(e).__name__
+    if why:
+        FAILURES[why] = FAILURES.get(why, 0) + 1
     return ttft
 
 
@@ -99,6 +109,7 @@ async def run(client, gp, workload, args, replicas, tag):
     q0, h0 = await vllm_counters(client, replicas)
     prompts = systems(tag)
     tasks = []
+    FAILURES.clear()
     t_end = time.perf_counter() + args.duration
     i = 0
     while time.perf_counter() < t_end:
@@ -126,6 +137,7 @@ async def run(client, gp, workload, args, replicas, tag):
     return {
         "requests": len(ttfts),
         "failed": len(ttfts) - len(ok),
+        "why_failed": dict(FAILURES),
         "ttft_p50_ms": pct(0.5) * 1000,
         "ttft_p95_ms": pct(0.95) * 1000,
         "slo_attainment": met / max(1, len(ttfts)),
