@@ -124,7 +124,7 @@ quality:
   sample_rate: 0.3
   max_cpu: 8
   perplexity: {{model_dir: "{dir}", onnxruntime: "{ort}"}}
-  consistency: {{sample_rate: 0.2, samples: 2, methods: [unigram], max_token_share: 1.0, max_concurrent: 2}}
+  consistency: {{sample_rate: 0.2, samples: 2, methods: [unigram], max_token_share: 1.0, max_concurrent: 2, calibration: {{checks: 10, reference_rate: 0.2}}}}
 "#
     ));
     let rules =
