@@ -421,6 +421,31 @@ mod tests {
     }
 
     #[test]
+    fn bad_calibration_settings_are_reported_and_an_uncalibrated_ranking_method_warned_of() {
+        let base = "backends:\n  - name: a\n    url: http://127.0.0.1:1\nquality:\n  consistency:\n";
+        let e = crate::config::Config::from_yaml(&format!(
+            "{base}    calibration: {{reference_backend: nope, checks: 5, reference_rate: 1.5}}\n"
+        ))
+        .unwrap_err();
+        let paths: Vec<&str> = e.0.iter().map(|e| e.path.as_str()).collect();
+        for p in ["reference_backend", "checks", "reference_rate"] {
+            let p = format!("quality.consistency.calibration.{p}");
+            assert!(paths.contains(&p.as_str()), "{p} not in {paths:?}");
+        }
+        // The reference's error rate is stated, never defaulted.
+        let e = crate::config::Config::from_yaml(&format!("{base}    calibration: {{checks: 50}}\n"))
+            .unwrap_err();
+        assert!(e.to_string().contains("reference_rate"), "{e}");
+        let warned = |extra: &str| {
+            let c = crate::config::Config::from_yaml(&format!("{base}{extra}")).unwrap();
+            c.warnings().iter().any(|w| w.contains("no hallucination rate is reported"))
+        };
+        assert!(warned("    methods: [unigram]\n"));
+        assert!(!warned("    methods: [unigram]\n    calibration: {reference_rate: 0.3}\n"));
+        assert!(!warned("    methods: [prompt, unigram]\n"));
+    }
+
+    #[test]
     fn devices() {
         assert_eq!("cpu".parse::<Device>(), Ok(Device::Cpu));
         assert_eq!("cuda".parse::<Device>(), Ok(Device::Cuda(0)));
