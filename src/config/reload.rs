@@ -238,6 +238,7 @@ impl ConfigHandle {
             startup: config.clone(),
         };
         let snap = handle.resolve(config).await?;
+        log_warnings(&snap.config);
         handle.current.store(Arc::new(snap));
         Ok(Arc::new(handle))
     }
@@ -282,6 +283,7 @@ impl ConfigHandle {
                         Ok(snap) => {
                             // Against the start-up config: what still differs from what runs.
                             let on_restart = self.startup.startup_only_changes(&snap.config);
+                            log_warnings(&snap.config);
                             self.current.store(Arc::new(snap));
                             if let Ok(mut t) = self.last_text.lock() {
                                 *t = text;
@@ -454,6 +456,13 @@ async fn start_config_sims(config: &Config, sims: &Sims) -> Result<(), ConfigErr
     Ok(())
 }
 
+/// Once per config that is adopted, not on every read of the file.
+fn log_warnings(config: &Config) {
+    for w in config.warnings() {
+        tracing::warn!("config: {w}");
+    }
+}
+
 fn read(path: Option<&PathBuf>, upstream: Option<&str>) -> Result<(Config, String), ConfigErrors> {
     let text = match path {
         Some(p) => std::fs::read_to_string(p).map_err(|e| {
@@ -489,9 +498,6 @@ fn read(path: Option<&PathBuf>, upstream: Option<&str>) -> Result<(Config, Strin
         }
     }
     config.validate()?;
-    for w in config.warnings() {
-        tracing::warn!("config: {w}");
-    }
     Ok((config, text))
 }
 
