@@ -50,16 +50,17 @@ async fn shadow_resamples_are_scored_and_not_user_traffic() {
     assert_eq!(r.status, 200);
     let text = wait_for(&gp, "goodput_consistency_checked_total", &[("backend", "sim")], 1.0).await;
 
-    // K = 3 re-samples and, for `prompt`, one judge call per (sentence, sample).
-    let samples = metric(&text, "goodput_shadow_requests_total", &[("kind", "sample"), ("outcome", "ok")]);
-    let judged = metric(&text, "goodput_shadow_requests_total", &[("kind", "judge"), ("outcome", "ok")]);
-    assert_eq!(samples, 3.0);
+    // K = 3 re-samples in one request with n = 3 (the simulator honours `n`) and, for
+    // `prompt`, one judge call per (sentence, sample).
+    let shadow = |kind: &str| metric(&text, "goodput_shadow_requests_total", &[("kind", kind), ("outcome", "ok")]);
+    let judged = shadow("judge");
+    assert_eq!((shadow("samples_n"), shadow("sample")), (1.0, 0.0));
     assert!((3.0..=6.0).contains(&judged) && judged % 3.0 == 0.0, "judge calls {judged}");
     // The upstream saw all of them; goodput's user-traffic metrics saw one request.
-    // (The simulator counts generations: the malformed request was refused before one.)
-    assert_eq!(sim.requests() as f64, 1.0 + samples + judged);
+    // (The simulator counts requests: the malformed one was refused before it counted.)
+    assert_eq!(sim.requests() as f64, 1.0 + 1.0 + judged);
     assert_eq!(metric(&text, "goodput_requests_total", &[]), 2.0);
-    assert!(metric(&text, "goodput_shadow_tokens_total", &[("kind", "sample"), ("type", "output")]) > 0.0);
+    assert!(metric(&text, "goodput_shadow_tokens_total", &[("kind", "samples_n"), ("type", "output")]) > 0.0);
 
     // The simulator's judge answers are neither Yes nor No: SelfCheck-Prompt maps them to 0.5.
     // The checker counts the check before the recorder, on its next drain, files the score
@@ -97,7 +98,7 @@ async fn the_token_budget_skips_checks_and_counts_them() {
     let (sim_addr, sim) = spawn_sim(0.0, 0.0, 16).await;
     let gp = Goodput::start(&format!(
         "backends:\n  - name: sim\n    url: http://{sim_addr}\n\
-         quality:\n  consistency:\n    sample_rate: 1.0\n    max_token_share: 0.5\n"
+         quality:\n  consistency:\n    sample_rate: 1.0\n    max_token_share: 0.5\n    resample: separate\n"
     ));
     // A check is estimated at 3 x (prompt + max_tokens), about 3x the request's own tokens:
     // with half the user tokens as budget the first requests cannot afford one, a later one
@@ -243,4 +244,52 @@ async fn an_uncalibrated_ranking_method_reports_scores_and_no_rate() {
     assert!(gp.log().contains("no hallucination rate is reported"), "{}", gp.log());
     let r = send(gp.admin, http::Request::post("/admin/calibrate").body(Default::default()).unwrap()).await;
     assert_eq!(r.status, 409, "nothing to calibrate: {}", r.text());
+}
+
+/// A backend that refuses `n` with a client error while single requests succeed: that check's
+/// re-samples are retaken one by one, and every later check goes that way from the start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_refuses_n_gets_separate_resamples() {
+    let refused = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let r2 = refused.clone();
+    let upstream = raw_upstream(move |mut s| {
+        let refused = r2.clone();
+        async move {
+            use tokio::io::AsyncWriteExt;
+            while let Some(req) = read_request_bytes(&mut s).await {
+                let asks_n = String::from_utf8_lossy(&req).contains("\"n\":3");
+                let (status, body) = if asks_n {
+                    refused.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    ("400 Bad Request", r#"{"error":{"message":"n must be 1","type":"invalid_request_error"}}"#)
+                } else {
+                    ("200 OK", r#"{"id":"x","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"The river is long. It flows north."},"finish_reason":"stop"}],"usage":{"prompt_tokens":5,"completion_tokens":8,"total_tokens":13}}"#)
+                };
+                let head = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                if s.write_all(head.as_bytes()).await.is_err() || s.write_all(body.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        }
+    })
+    .await;
+    let gp = Goodput::start(&consistency_yaml(&upstream, "    methods: [unigram]\n"));
+    for i in 1..=2 {
+        let r = send(gp.proxy, post_json("/v1/chat/completions", &chat(8, false))).await;
+        assert_eq!(r.status, 200);
+        wait_for(&gp, "goodput_consistency_checked_total", &[], i as f64).await;
+    }
+    let text = gp.metrics().await;
+    let shadow = |kind: &str, outcome: &str| {
+        metric(&text, "goodput_shadow_requests_total", &[("kind", kind), ("outcome", outcome)])
+    };
+    assert_eq!(
+        (shadow("samples_n", "error"), shadow("samples_n", "ok"), shadow("sample", "ok")),
+        (1.0, 0.0, 6.0),
+        "{text}"
+    );
+    assert_eq!(refused.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(metric(&text, "goodput_consistency_failed_total", &[]), 0.0);
 }

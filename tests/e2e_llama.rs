@@ -127,3 +127,46 @@ async fn openai_sdk_through_goodput_over_llama_cpp() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// llama.cpp's server ignores `n` (one choice comes back): goodput takes that choice, asks for
+/// the other two one by one, and sends every later check's re-samples as separate requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistency_resamples_fall_back_to_separate_requests_where_n_is_ignored() {
+    let llm = llm_env();
+    let llama = start_llama(&llm).await;
+    let gp = Goodput::start_logged(
+        &format!(
+            "backends:\n  - name: llama\n    url: http://127.0.0.1:{}\n    models: [smollm2]\n\
+         quality:\n  consistency: {{sample_rate: 1.0, samples: 3, max_tokens: 12, max_token_share: 100}}\n",
+            llama.port
+        ),
+        &[],
+        &[("RUST_LOG", "info")],
+    );
+    let checked = |m: &str| metric(m, "goodput_consistency_checked_total", &[]);
+    for (i, q) in ["Name a large river.", "What colour is the sky?"].iter().enumerate() {
+        let body = serde_json::json!({"model": "smollm2", "max_tokens": 12, "temperature": 0.7,
+            "messages": [{"role": "user", "content": q}]});
+        assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", &body.to_string())).await.status, 200);
+        // One check at a time: the second starts knowing what the first learnt.
+        let t = Instant::now();
+        while checked(&gp.metrics().await) < (i + 1) as f64 {
+            assert!(
+                t.elapsed() < Duration::from_secs(120),
+                "check {i} did not finish:\n{}",
+                gp.metrics().await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    let m = gp.metrics().await;
+    let shadow = |kind: &str| {
+        metric(
+            &m,
+            "goodput_shadow_requests_total",
+            &[("backend", "llama"), ("kind", kind), ("outcome", "ok")],
+        )
+    };
+    assert_eq!((shadow("samples_n"), shadow("sample")), (1.0, 2.0 + 3.0), "{m}");
+    assert!(gp.log().contains("answered 1 of 3 choices"), "{}", gp.log());
+}

@@ -362,3 +362,41 @@ async fn vllms_model_scores_the_paragraph_as_the_onnx_reference_does() {
     assert_eq!(logprobs.len() as u64, ours["tokens"].as_u64().unwrap(), "vLLM tokenizes otherwise");
     assert!((ppl_vllm / ppl_onnx - 1.0).abs() < 0.02, "vLLM {ppl_vllm} vs ONNX {ppl_onnx}");
 }
+
+/// Consistency checks on vLLM, which honours `n`: each check's three re-samples come back as
+/// three choices of one request, whose usage counts the prompt once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consistency_resamples_go_as_one_request_with_n() {
+    let (_one, v) = vllm().await;
+    let gp = Goodput::start(&format!(
+        "backends:\n  - {{name: vllm, url: \"{}\", models: [smollm2]}}\n\
+         quality:\n  consistency: {{sample_rate: 1.0, samples: 3, max_tokens: 16, max_token_share: 100}}\n",
+        v.url
+    ));
+    for q in ["Name a large river.", "What colour is the sky?"] {
+        let body = serde_json::json!({"model": "smollm2", "max_tokens": 16, "temperature": 0.7,
+            "messages": [{"role": "user", "content": q}]});
+        assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", &body.to_string())).await.status, 200);
+    }
+    let t = Instant::now();
+    let m = loop {
+        let m = gp.metrics().await;
+        if metric(&m, "goodput_consistency_checked_total", &[]) >= 2.0 {
+            break m;
+        }
+        assert!(t.elapsed() < Duration::from_secs(120), "checks did not finish:\n{m}\nvLLM:\n{}", v.tail());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let shadow = |kind: &str, outcome: &str| {
+        metric(
+            &m,
+            "goodput_shadow_requests_total",
+            &[("backend", "vllm"), ("kind", kind), ("outcome", outcome)],
+        )
+    };
+    assert_eq!((shadow("samples_n", "ok"), shadow("sample", "ok")), (2.0, 0.0), "{m}");
+    let prompts: f64 = gp.records(2).await.iter().map(|r| r["prompt_tokens"].as_f64().unwrap()).sum();
+    let input = metric(&m, "goodput_shadow_tokens_total", &[("kind", "samples_n"), ("type", "input")]);
+    assert_eq!(input, prompts, "one prompt per check, not three");
+    assert_eq!(metric(&m, "goodput_consistency_score_count", &[("method", "unigram")]), 2.0);
+}

@@ -10,7 +10,9 @@ pub mod route;
 pub mod routing;
 
 pub use pool::{Discovery, PoolPolicy, PoolSettings, PoolWeights, PrefixSettings};
-pub use quality::{CalibrationConfig, ConsistencyConfig, Device, Method, PerplexityConfig, QualityConfig};
+pub use quality::{
+    CalibrationConfig, ConsistencyConfig, Device, Method, PerplexityConfig, QualityConfig, Resample,
+};
 pub use reload::{ConfigHandle, spawn_reloader};
 pub use route::{Route, RouteMatch};
 pub use routing::{BreakerSettings, RoutingConfig, SlaClass, StatsSettings, StatsSource};

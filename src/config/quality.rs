@@ -180,6 +180,9 @@ pub struct ConsistencyConfig {
     /// reports scores and no rate.
     #[serde(default)]
     pub calibration: Option<CalibrationConfig>,
+    /// How the K re-samples are asked for.
+    #[serde(default)]
+    pub resample: Resample,
     /// Per shadow request: headers, then the whole body.
     #[serde(default = "default_shadow_timeout")]
     pub timeout_ms: u64,
@@ -190,6 +193,21 @@ pub struct ConsistencyConfig {
     /// libonnxruntime.so for `embedding` when no perplexity model names one (else ORT_DYLIB_PATH).
     #[serde(default)]
     pub onnxruntime: Option<PathBuf>,
+}
+
+/// One request with `n: K` shares the prompt's prefill among the re-samples (vLLM does); K
+/// requests work with any server.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Resample {
+    /// `n: K` until a backend shows it does not honour `n` (an error status where single
+    /// requests succeed, or fewer choices than asked); K requests to that backend from then on.
+    #[default]
+    Auto,
+    /// Always one request with `n: K` (whatever choices come back are the re-samples).
+    N,
+    /// Always K requests.
+    Separate,
 }
 
 /// Calibrating a ranking method's threshold on a reference taken as healthy: the threshold is

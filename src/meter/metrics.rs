@@ -358,7 +358,7 @@ impl Metrics {
             shadow_requests: counter(
                 &reg,
                 "goodput_shadow_requests_total",
-                "Shadow requests goodput sent for consistency checks (not user traffic), by kind (sample: a re-sample; judge: a SelfCheck-Prompt question) and outcome (ok, error, timeout).",
+                "Shadow requests goodput sent for consistency checks (not user traffic), by kind (sample: one re-sample; samples_n: the K re-samples in one request with n = K; judge: a SelfCheck-Prompt question) and outcome (ok, error, timeout).",
                 &["backend", "kind", "outcome"],
             ),
             shadow_tokens: counter(

@@ -11,14 +11,15 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::{Map, Value};
-use std::sync::Arc;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{Semaphore, mpsc, watch};
 
 use super::{ngram, text};
 use crate::config::reload::ResolvedBackend;
-use crate::config::{ConfigHandle, ConsistencyConfig, Method};
+use crate::config::{ConfigHandle, ConsistencyConfig, Method, Resample};
 use crate::meter::metrics::Metrics;
 use crate::openai::Operation;
 use crate::openai::response::parse_response;
@@ -97,6 +98,7 @@ impl Checker {
             shadow_tokens: Arc::new(AtomicU64::new(0)),
             reserved: Arc::new(AtomicU64::new(0)),
             embedder: embedder.map(|e| EmbedWorker::start(e, budget, &metrics)),
+            honours_n: Mutex::new(HashMap::new()),
         };
         tokio::spawn(engine.run(rx, cancelled));
         Checker { tx, cancel, metrics, user_tokens }
@@ -133,7 +135,13 @@ struct Engine {
     reserved: Arc<AtomicU64>,
     /// The embedding session's own thread (SCHED_IDLE, like the perplexity scorer's).
     embedder: Option<EmbedWorker>,
+    /// Per backend name, whether it answered `n: K` with K choices (`resample: auto`).
+    honours_n: Mutex<HashMap<String, bool>>,
 }
+
+/// Why a shadow request gave no text: the upstream's status, when it answered one.
+#[derive(Debug)]
+struct CallFailed(Option<http::StatusCode>);
 
 type EmbedTask = (Vec<String>, Vec<String>, tokio::sync::oneshot::Sender<Result<Vec<f64>, LmError>>);
 
@@ -225,7 +233,9 @@ impl Engine {
     fn estimate(&self, job: &ConsistencyJob) -> u64 {
         let c = &self.cfg;
         let out = shadow_max_tokens(&job.request, c);
-        let samples = c.samples as u64 * (job.prompt_tokens + out);
+        // With `n`, the prompt is counted once.
+        let prompts = if self.uses_n(&job.of.backend) == Some(true) { 1 } else { c.samples as u64 };
+        let samples = prompts * job.prompt_tokens + c.samples as u64 * out;
         let judge = if c.methods.contains(&Method::Prompt) {
             (c.samples * c.max_sentences) as u64 * (out + job.completion_tokens + 64)
         } else {
@@ -243,26 +253,15 @@ impl Engine {
             .as_ref()
             .and_then(|j| snap.backends.iter().find(|b| &*b.name == j.as_str()).cloned())
             .unwrap_or_else(|| backend.clone());
-        let Some(body) = shadow_body(&job.request, c) else {
+        if serde_json::from_slice::<Map<String, Value>>(&job.request).is_err() {
             self.metrics.shadow_skipped.with_label_values(&["bad_request"]).inc();
             return;
-        };
+        }
         let path = match job.operation {
             Operation::Chat => "/v1/chat/completions",
             Operation::Completion => "/v1/completions",
         };
-        let body = Bytes::from(body);
-        let mut pending = tokio::task::JoinSet::new();
-        for _ in 0..c.samples {
-            let (this, to, body) = (self.clone(), backend.clone(), body.clone());
-            pending.spawn(async move { this.call(&to, path, body, "sample").await });
-        }
-        let mut samples = Vec::new();
-        while let Some(r) = pending.join_next().await {
-            if let Ok(Some(text)) = r {
-                samples.push(text);
-            }
-        }
+        let samples = self.resample(&backend, path, &job.request).await;
         if samples.is_empty() {
             self.metrics.consistency_failed.inc();
             return;
@@ -312,7 +311,8 @@ impl Engine {
                             let body = Bytes::from(judge_body(&model, sample, s, c.priority));
                             let (this, to) = (self.clone(), judge.clone());
                             calls.spawn(async move {
-                                this.call(&to, "/v1/chat/completions", body, "judge").await
+                                let answer = this.call(&to, "/v1/chat/completions", body, "judge").await;
+                                answer.ok().and_then(|mut choices| choices.drain(..).next())
                             });
                         }
                         let mut sum = 0.0;
@@ -360,49 +360,123 @@ impl Engine {
         }));
     }
 
-    /// One shadow request to `to`'s `path`: choice 0's text, or `None` (counted) on any failure.
+    /// The K re-samples of `request` from `backend`, as `resample` says: one request with
+    /// `n: K`, or K requests, or (auto, on a backend that showed it does not honour `n`) the
+    /// rest of them one by one. Fewer than K when some failed; empty when all did.
+    async fn resample(
+        self: &Arc<Self>,
+        backend: &Arc<ResolvedBackend>,
+        path: &'static str,
+        request: &[u8],
+    ) -> Vec<String> {
+        let k = self.cfg.samples;
+        let auto = self.cfg.resample == Resample::Auto;
+        let mut samples = Vec::new();
+        // Set when `n` was refused with a client error: only single requests that succeed
+        // show that it was `n` that the backend refused.
+        let mut refused = None;
+        if k > 1 && self.uses_n(&backend.name) != Some(false) {
+            let Some(body) = shadow_body(request, &self.cfg, k) else { return samples };
+            match self.call(backend, path, Bytes::from(body), "samples_n").await {
+                Ok(choices) => {
+                    let got = choices.len();
+                    samples = choices;
+                    if auto {
+                        self.note_n(&backend.name, got >= k, || format!("it answered {got} of {k} choices"));
+                    }
+                }
+                Err(CallFailed(Some(status))) if auto && status.is_client_error() => refused = Some(status),
+                Err(_) => return samples,
+            }
+            if !auto || samples.len() >= k {
+                samples.truncate(k);
+                return samples;
+            }
+        }
+        let Some(body) = shadow_body(request, &self.cfg, 1) else { return samples };
+        let body = Bytes::from(body);
+        let mut pending = tokio::task::JoinSet::new();
+        for _ in samples.len()..k {
+            let (this, to, body) = (self.clone(), backend.clone(), body.clone());
+            pending.spawn(async move { this.call(&to, path, body, "sample").await });
+        }
+        while let Some(r) = pending.join_next().await {
+            if let Ok(Ok(mut choices)) = r
+                && let Some(text) = choices.drain(..).next()
+            {
+                samples.push(text);
+            }
+        }
+        if let Some(status) = refused
+            && !samples.is_empty()
+        {
+            self.note_n(&backend.name, false, || format!("it answered {status} to `n`"));
+        }
+        samples
+    }
+
+    /// Whether re-samples to `backend` go as one request with `n`: `None` while unknown (auto).
+    fn uses_n(&self, backend: &str) -> Option<bool> {
+        match self.cfg.resample {
+            Resample::N => Some(self.cfg.samples > 1),
+            Resample::Separate => Some(false),
+            Resample::Auto if self.cfg.samples <= 1 => Some(false),
+            Resample::Auto => self.honours_n.lock().ok()?.get(backend).copied(),
+        }
+    }
+
+    fn note_n(&self, backend: &str, honours: bool, why: impl FnOnce() -> String) {
+        let Ok(mut known) = self.honours_n.lock() else { return };
+        if known.insert(backend.to_string(), honours) != Some(honours) && !honours {
+            tracing::info!(backend, "consistency: {}; its re-samples go as separate requests", why());
+        }
+    }
+
+    /// One shadow request to `to`'s `path`: the text of each choice in index order, or why it
+    /// failed (counted).
     async fn call(
         &self,
         to: &ResolvedBackend,
         path: &str,
         body: Bytes,
         kind: &'static str,
-    ) -> Option<String> {
-        let permit = self.permits.acquire().await.ok()?;
-        let endpoint = to.any_endpoint()?;
-        let target = http::uri::PathAndQuery::try_from(path).ok()?;
-        let mut req = Request::post(to.uri(&endpoint, &target).ok()?)
+    ) -> Result<Vec<String>, CallFailed> {
+        let permit = self.permits.acquire().await.map_err(|_| CallFailed(None))?;
+        let endpoint = to.any_endpoint().ok_or(CallFailed(None))?;
+        let target = http::uri::PathAndQuery::try_from(path).map_err(|_| CallFailed(None))?;
+        let uri = to.uri(&endpoint, &target).map_err(|_| CallFailed(None))?;
+        let mut req = Request::post(uri)
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::USER_AGENT, "goodput-shadow")
             .header(SHADOW_HEADER, "1")
             .body(Full::new(body))
-            .ok()?;
+            .map_err(|_| CallFailed(None))?;
         for (k, v) in &to.headers {
             req.headers_mut().insert(k.clone(), v.clone());
         }
         let backend = &*to.name;
         let timeout = Duration::from_millis(self.cfg.timeout_ms);
         let outcome = tokio::time::timeout(timeout, async {
-            let resp = self.client.request(req).await.map_err(|_| "error")?;
+            let resp = self.client.request(req).await.map_err(|_| ("error", None))?;
             let status = resp.status();
-            let bytes = resp.into_body().collect().await.map_err(|_| "error")?.to_bytes();
+            let bytes = resp.into_body().collect().await.map_err(|_| ("error", None))?.to_bytes();
             if !status.is_success() {
-                return Err("error");
+                return Err(("error", Some(status)));
             }
             Ok(bytes)
         })
         .await
-        .unwrap_or(Err("timeout"));
+        .unwrap_or(Err(("timeout", None)));
         drop(permit);
         let bytes = match outcome {
             Ok(b) => b,
-            Err(o) => {
+            Err((o, status)) => {
                 self.metrics.shadow_requests.with_label_values(&[backend, kind, o]).inc();
-                return None;
+                return Err(CallFailed(status));
             }
         };
         self.metrics.shadow_requests.with_label_values(&[backend, kind, "ok"]).inc();
-        let info = parse_response(&bytes, true)?;
+        let info = parse_response(&bytes, true).ok_or(CallFailed(None))?;
         if let Some(u) = info.usage {
             let n = u.prompt_tokens.unwrap_or(0) + u.completion_tokens.unwrap_or(0);
             self.shadow_tokens.fetch_add(n, Ordering::Relaxed);
@@ -410,8 +484,15 @@ impl Engine {
                 self.metrics.shadow_tokens.with_label_values(&[backend, kind, ty]).inc_by(v.unwrap_or(0));
             }
         }
-        let text: String = info.texts.iter().filter(|(i, _)| *i == 0).map(|(_, t)| t.as_ref()).collect();
-        Some(text)
+        // A choice that generated nothing has a finish reason and no text: still a re-sample.
+        let mut choices: std::collections::BTreeMap<_, String> = Default::default();
+        for (i, _) in &info.finish_reasons {
+            choices.entry(*i).or_default();
+        }
+        for (i, t) in &info.texts {
+            choices.entry(*i).or_default().push_str(t);
+        }
+        Ok(choices.into_values().collect())
     }
 }
 
@@ -431,7 +512,7 @@ pub fn shadow_max_tokens(request: &[u8], c: &ConsistencyConfig) -> u64 {
     asked.map_or(c.max_tokens, |a| a.min(c.max_tokens))
 }
 
-pub fn shadow_body(request: &[u8], c: &ConsistencyConfig) -> Option<Vec<u8>> {
+pub fn shadow_body(request: &[u8], c: &ConsistencyConfig, n: usize) -> Option<Vec<u8>> {
     let mut v: Map<String, Value> = serde_json::from_slice(request).ok()?;
     for k in ["stream", "stream_options", "seed", "n", "logprobs", "top_logprobs", "best_of"] {
         v.remove(k);
@@ -443,6 +524,9 @@ pub fn shadow_body(request: &[u8], c: &ConsistencyConfig) -> Option<Vec<u8>> {
     v.insert("max_tokens".into(), Value::from(asked.map_or(c.max_tokens, |a| a.min(c.max_tokens))));
     if let Some(p) = c.priority {
         v.insert("priority".into(), Value::from(p));
+    }
+    if n > 1 {
+        v.insert("n".into(), Value::from(n));
     }
     serde_json::to_vec(&v).ok()
 }
@@ -489,7 +573,7 @@ mod tests {
     #[test]
     fn shadow_request_rewrites_only_what_it_must() {
         let req = br#"{"model":"m","stream":true,"stream_options":{"include_usage":true},"seed":7,"n":2,"max_tokens":500,"temperature":0,"messages":[{"role":"user","content":"hi"}]}"#;
-        let v: Value = serde_json::from_slice(&shadow_body(req, &cfg()).unwrap()).unwrap();
+        let v: Value = serde_json::from_slice(&shadow_body(req, &cfg(), 1).unwrap()).unwrap();
         assert_eq!(v["temperature"], 1.0);
         assert_eq!(v["max_tokens"], 64);
         assert_eq!(v["priority"], 5);
@@ -498,10 +582,13 @@ mod tests {
             assert!(v.get(gone).is_none(), "{gone}");
         }
         let small: Value =
-            serde_json::from_slice(&shadow_body(br#"{"max_completion_tokens":10}"#, &cfg()).unwrap())
+            serde_json::from_slice(&shadow_body(br#"{"max_completion_tokens":10}"#, &cfg(), 1).unwrap())
                 .unwrap();
         assert_eq!(small["max_tokens"], 10);
-        assert!(shadow_body(b"[1,2]", &cfg()).is_none());
+        assert!(shadow_body(b"[1,2]", &cfg(), 1).is_none());
+        // K re-samples in one request: the client's `n` replaced by K.
+        let v: Value = serde_json::from_slice(&shadow_body(req, &cfg(), 3).unwrap()).unwrap();
+        assert_eq!(v["n"], 3);
     }
 
     #[test]
