@@ -7,6 +7,7 @@
 #   scripts/demo.sh                      # vLLM, until Ctrl-C (its start-up takes minutes)
 #   DEMO_SERVER=llama scripts/demo.sh    # llama.cpp's server instead
 #   DEMO_REQUESTS=20 scripts/demo.sh
+#   DEMO_URL=http://127.0.0.1:18021 scripts/demo.sh   # a server already serving SmolLM2
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SERVER="${DEMO_SERVER:-vllm}"
@@ -29,26 +30,33 @@ case "$SERVER" in
   vllm)
     read -r VLLM_VENV _ <<< "$(scripts/setup-vllm.sh | tail -1)"
     VENV="$VLLM_VENV"
-    VLLM_PORT="$PORT" setsid scripts/run-vllm.sh > target/demo/vllm.log 2>&1 &
-    pids+=($!)
+    if [ -z "${DEMO_URL:-}" ]; then
+      VLLM_PORT="$PORT" setsid scripts/run-vllm.sh > target/demo/vllm.log 2>&1 &
+      pids+=($!)
+    fi
     # The served model name comes from vLLM's /v1/models; usage comes in its answers.
-    BACKEND="  - name: vllm
-    url: http://127.0.0.1:$PORT"
+    NAME=vllm
+    BACKEND="  - name: $NAME
+    url: ${DEMO_URL:-http://127.0.0.1:$PORT}"
     ;;
   llama)
-    LLM_PORT="$PORT" setsid scripts/run-llm.sh > target/demo/llama.log 2>&1 &
-    pids+=($!)
+    if [ -z "${DEMO_URL:-}" ]; then
+      LLM_PORT="$PORT" setsid scripts/run-llm.sh > target/demo/llama.log 2>&1 &
+      pids+=($!)
+    fi
     # llama.cpp's server sends no usage in streams: goodput counts with the tokenizer.
-    BACKEND="  - name: llama-cpp
-    url: http://127.0.0.1:$PORT
+    NAME=llama-cpp
+    BACKEND="  - name: $NAME
+    url: ${DEMO_URL:-http://127.0.0.1:$PORT}
     models: [smollm2]
     tokenizer: $TOKDIR/tokenizer.json"
     ;;
   *) echo "DEMO_SERVER is vllm or llama" >&2; exit 2 ;;
 esac
-echo "demo: starting $SERVER on 127.0.0.1:$PORT (logs in target/demo/)" >&2
+URL="${DEMO_URL:-http://127.0.0.1:$PORT}"
+echo "demo: waiting for $SERVER at $URL (logs in target/demo/)" >&2
 for i in $(seq 1200); do
-  curl -fs "http://127.0.0.1:$PORT/v1/models" >/dev/null 2>&1 && break
+  curl -fs "$URL/v1/models" >/dev/null 2>&1 && break
   [ $((i % 100)) -eq 0 ] && echo "demo: $SERVER still starting ($((i / 5)) s)" >&2
   sleep 0.2
 done
@@ -75,6 +83,10 @@ quality:
     methods: [embedding, unigram]
     embedding_model_dir: $EMBED_DIR
     max_token_share: 0.5
+    # The reference config's setup: a rate once the first 20 checks set embedding's threshold,
+    # with SmolLM2's measured error rate on factual questions stated (README, "Hallucination
+    # rate"); until then the status page shows "calibrating", not a number.
+    calibration: {reference_backend: $NAME, checks: 20, reference_rate: 0.36}
 YAML
 target/release/goodput serve --config target/demo/goodput.yaml > target/demo/goodput.out 2> target/demo/goodput.log &
 pids+=($!)
@@ -91,14 +103,16 @@ goodput is serving real traffic:
   status   http://$ADMIN/status
   logs     target/demo/
 TXT
-"$VENV/bin/python" - "http://$PROXY/v1" "${DEMO_REQUESTS:-0}" <<'PY'
+"$VENV/bin/python" - "http://$PROXY/v1" "${DEMO_REQUESTS:-0}" scripts/eval/facts.tsv <<'PY'
 import random, sys, time
 import openai
 client = openai.OpenAI(base_url=sys.argv[1], api_key="none", max_retries=0)
 limit = int(sys.argv[2])
+# Open requests, and the factual questions the calibration's stated rate was measured on.
 prompts = ["Explain what a GPU does in two sentences.", "Name three rivers in Europe.",
-           "Write a haiku about latency.", "What is the capital of Japan?",
-           "Give two tips for writing clear emails.", "Describe a lighthouse at night."]
+           "Write a haiku about latency.", "Give two tips for writing clear emails.",
+           "Describe a lighthouse at night."]
+prompts += [l.split("\t")[1] for l in open(sys.argv[3], encoding="utf-8") if l.strip() and not l.startswith("#")]
 rng = random.Random(0)
 n = 0
 while limit == 0 or n < limit:

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Labelled evaluation of the consistency methods on a real LLM server (scripts/eval/
 # hallucination.py says how): goodput in front of it checks every response with unigram,
-# embedding and prompt (the server as its own judge); unigram, the first, calibrates on the
-# first phase (half the questions) with REFERENCE_RATE as the stated error rate of that
-# phase's responses, and is validated on the other half.
+# METHODS (default: embedding, unigram, prompt, the server as its own judge); the first
+# calibrates on the first phase (half the questions) with REFERENCE_RATE as the stated error
+# rate of that phase's responses, and is validated on the other half.
 #
 #   VLLM_URL=http://127.0.0.1:18021 REFERENCE_RATE=0.36 REPS=2 scripts/eval-hallucination.sh
+#   METHODS="unigram, embedding" ...   # unigram calibrated; no judge (much faster)
 #
 # REFERENCE_RATE: the server's observed error rate on these questions, from an earlier run of
 # this script (the `calibrate` phase's observed_error_rate). Output: target/eval/hallucination.json.
@@ -14,6 +15,7 @@ cd "$(dirname "$0")/.."
 : "${VLLM_URL:?the server to evaluate, e.g. http://127.0.0.1:18021 (scripts/run-vllm.sh)}"
 REFERENCE_RATE="${REFERENCE_RATE:-0.5}"
 REPS="${REPS:-1}"
+METHODS="${METHODS:-embedding, unigram, prompt}"
 OUT=target/eval
 mkdir -p "$OUT"
 EMBED="$(scripts/setup-embeddings.sh | tail -1)"
@@ -39,7 +41,7 @@ quality:
     max_token_share: 1000
     max_concurrent: 4
     queue_capacity: 1000
-    methods: [unigram, embedding, prompt]
+    methods: [$METHODS]
     max_sentences: 4
     embedding_model_dir: $EMBED
     onnxruntime: $ORT
