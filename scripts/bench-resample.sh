@@ -46,9 +46,10 @@ YAML
     wait "$GP_PID" 2>/dev/null || true
   done
 done
-printf '%s\n' "${rows[@]}" | python3 -c '
+printf '%s\n' "${rows[@]}" > "$OUT/resample-rows.jsonl"
+python3 - "$OUT/resample-rows.jsonl" "$OUT/resample.json" <<'PY'
 import json, statistics, sys
-rows = [json.loads(l) for l in sys.stdin]
+rows = [json.loads(l) for l in open(sys.argv[1])]
 out = {}
 print("| resample | server CPU s per check | wall s per check | shadow requests per check | shadow prompt tokens per check | reps |")
 print("|---|---|---|---|---|---|")
@@ -56,8 +57,8 @@ for mode in ["n", "separate"]:
     r = [x for x in rows if x["mode"] == mode]
     med = {k: statistics.median(x[k] for x in r) for k in ["cpu_s", "wall_s", "requests", "prompt_tokens"]}
     out[mode] = {"median": med, "runs": r}
-    print(f"| {mode} | {med[\"cpu_s\"]:.3f} | {med[\"wall_s\"]:.2f} | {med[\"requests\"]:.1f} | {med[\"prompt_tokens\"]:.0f} | {len(r)} |")
+    print(f"| {mode} | {med['cpu_s']:.2f} | {med['wall_s']:.2f} | {med['requests']:.1f} | {med['prompt_tokens']:.0f} | {len(r)} |")
 n, s = out["n"]["median"], out["separate"]["median"]
-print(f"\nn / separate (medians): server CPU {n[\"cpu_s\"] / s[\"cpu_s\"]:.2f}x, wall {n[\"wall_s\"] / s[\"wall_s\"]:.2f}x")
-json.dump(out, open("'"$OUT"'/resample.json", "w"), indent=1)
-'
+print(f"\nn / separate (medians): server CPU {n['cpu_s'] / s['cpu_s']:.2f}x, wall {n['wall_s'] / s['wall_s']:.2f}x")
+json.dump(out, open(sys.argv[2], "w"), indent=1)
+PY
