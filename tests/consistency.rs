@@ -52,7 +52,8 @@ async fn shadow_resamples_are_scored_and_not_user_traffic() {
 
     // K = 3 re-samples in one request with n = 3 (the simulator honours `n`) and, for
     // `prompt`, one judge call per (sentence, sample).
-    let shadow = |kind: &str| metric(&text, "goodput_shadow_requests_total", &[("kind", kind), ("outcome", "ok")]);
+    let shadow =
+        |kind: &str| metric(&text, "goodput_shadow_requests_total", &[("kind", kind), ("outcome", "ok")]);
     let judged = shadow("judge");
     assert_eq!((shadow("samples_n"), shadow("sample")), (1.0, 0.0));
     assert!((3.0..=6.0).contains(&judged) && judged % 3.0 == 0.0, "judge calls {judged}");
