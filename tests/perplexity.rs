@@ -376,6 +376,7 @@ fn batched_scoring_equals_one_response_at_a_time() {
                 model: "m".into(),
                 route: "default".into(),
                 class: "default".into(),
+                endpoint: "".into(),
             };
             let request = chat(&format!("Question {i}?")).into();
             assert!(scorer.offer(ScoreJob {
@@ -436,6 +437,7 @@ fn scoring_rests_within_its_cpu_budget_and_counts_what_it_drops() {
             model: "m".into(),
             route: "default".into(),
             class: "default".into(),
+            endpoint: "".into(),
         },
         operation: Operation::Chat,
         request: chat("Where is Paris?").into(),

@@ -515,3 +515,56 @@ routing: {{exploration: 0.0, response_headers: true, default_class: interactive,
     b.scraped(2).await;
     assert_eq!(send(gp.proxy, quick()).await.status, 200);
 }
+
+/// Quality is kept per endpoint too: a replica whose text has gone bad shows a higher
+/// consistency score than its healthy peer, each check's re-samples come from the replica that
+/// served the response, and the backend's window holds them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quality_is_measured_per_endpoint() {
+    let sim = |quality: f64| goodput::sim::SimConfig {
+        model: "m".into(),
+        quality: Some(quality),
+        output_tokens: 20,
+        ..Default::default()
+    };
+    let (good_addr, good) = goodput::sim::spawn(sim(1.0), "127.0.0.1:0").await.unwrap();
+    let (poor_addr, poor) = goodput::sim::spawn(sim(0.3), "127.0.0.1:0").await.unwrap();
+    let yaml = pool_yaml(
+        &[format!("http://{good_addr}"), format!("http://{poor_addr}")],
+        "quality:\n  consistency: {sample_rate: 1.0, samples: 3, methods: [unigram], max_token_share: 100}\n",
+    );
+    let gp = Goodput::start(&yaml);
+    let mut served: HashMap<String, u64> = HashMap::new();
+    for i in 0..16 {
+        let body = serde_json::json!({"model": "m", "max_tokens": 20,
+            "messages": [{"role": "user", "content": format!("Tell me about place number {i}.")}]});
+        let r = send(gp.proxy, post_json("/v1/chat/completions", &body.to_string())).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        *served.entry(header(&r, "x-goodput-endpoint")).or_default() += 1;
+    }
+    let (g, p) = (good_addr.to_string(), poor_addr.to_string());
+    let n = |e: &str| served.get(e).copied().unwrap_or(0);
+    assert!(n(&g) > 0 && n(&p) > 0, "both replicas served: {served:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let bk = loop {
+        let bk = gp.admin_json("/admin/backends").await;
+        if bk["backends"][0]["window"]["quality"]["consistency_checked"] == 16 {
+            break bk;
+        }
+        assert!(std::time::Instant::now() < deadline, "checks did not finish: {bk}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let eps = bk["backends"][0]["endpoints"].as_array().unwrap();
+    let q = |e: &str| eps.iter().find(|x| x["endpoint"] == e).unwrap()["window"]["quality"].clone();
+    let (gq, pq) = (q(&g), q(&p));
+    assert_eq!(
+        (gq["consistency_checked"].as_u64(), pq["consistency_checked"].as_u64()),
+        (Some(n(&g)), Some(n(&p))),
+        "{eps:?}"
+    );
+    let (gs, ps) =
+        (gq["consistency_score_mean"].as_f64().unwrap(), pq["consistency_score_mean"].as_f64().unwrap());
+    assert!(ps > gs, "the degraded replica scores worse: {ps} against {gs}");
+    // One request per check (the simulator honours `n`), to the replica that served it.
+    assert_eq!((good.requests(), poor.requests()), (2 * n(&g), 2 * n(&p)));
+}

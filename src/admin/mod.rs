@@ -209,6 +209,9 @@ fn backends(proxy: &Proxy) -> serde_json::Value {
                         "ttft_p95_s": w.ttft.p95,
                         "e2e_p50_s": w.e2e.p50,
                         "slo_attainment": w.slo_attainment,
+                        // Scores of the responses this endpoint served (its check's re-samples
+                        // come from it too).
+                        "quality": &w.quality,
                     })),
                 })).collect::<Vec<_>>(),
                 "discovered_models": &**b.state.models.all(),

@@ -55,6 +55,7 @@ impl BenchScorer {
                 model: "bench".into(),
                 route: "bench".into(),
                 class: "bench".into(),
+                endpoint: "".into(),
             };
             offered += usize::from(self.scorer.offer(ScoreJob { of, operation: op, request, response }));
         }

@@ -95,6 +95,14 @@ impl ResolvedBackend {
         let now = std::time::Instant::now();
         eps.iter().filter(|e| e.healthy(now)).min_by_key(|e| e.outstanding()).or_else(|| eps.first()).cloned()
     }
+
+    /// The endpoint labelled `label` while it is in the pool, else `any_endpoint`: a check's
+    /// re-samples come from the replica that served the response, so that its quality is
+    /// that replica's.
+    pub fn endpoint_or_any(&self, label: &str) -> Option<Arc<Endpoint>> {
+        let eps = self.state.endpoints();
+        eps.iter().find(|e| !label.is_empty() && &*e.label == label).cloned().or_else(|| self.any_endpoint())
+    }
 }
 
 pub struct Snapshot {

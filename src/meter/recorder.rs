@@ -138,6 +138,33 @@ struct BackendWindows {
     quality: QualityWindow,
 }
 
+impl BackendWindows {
+    fn new(snap: &crate::config::reload::Snapshot) -> BackendWindows {
+        let (lat, q) = (snap.config.metrics.window_secs, snap.config.quality.window_secs);
+        BackendWindows { latency: Window::new(lat), quality: QualityWindow::new(q) }
+    }
+
+    /// A reload that changes a window's length starts that window afresh.
+    fn resize(&mut self, snap: &crate::config::reload::Snapshot) -> &mut BackendWindows {
+        let (lat, q) = (snap.config.metrics.window_secs, snap.config.quality.window_secs);
+        if self.latency.len_secs() != lat {
+            self.latency = Window::new(lat);
+        }
+        if self.quality.len_secs() != QualityWindow::len_for(q) {
+            self.quality = QualityWindow::new(q);
+        }
+        self
+    }
+
+    /// Latency and quality over their windows, and the goodput figures from both.
+    fn snapshot(&mut self, now: u64) -> WindowSnapshot {
+        let mut s = self.latency.snapshot(now);
+        s.quality = self.quality.snapshot(now);
+        s.goodput = crate::goodput::summarize(&s.rates());
+        s
+    }
+}
+
 fn run(
     rx: Receiver<(RequestRecord, Payload)>,
     config: Arc<ConfigHandle>,
@@ -148,24 +175,14 @@ fn run(
     let epoch = Instant::now();
     let mut windows: HashMap<String, BackendWindows> = HashMap::new();
     let mut classes: HashMap<String, BackendWindows> = HashMap::new();
-    // Pools' endpoints: (backend, endpoint) → latency window.
-    let mut endpoints: HashMap<(Arc<str>, Arc<str>), Window> = HashMap::new();
+    // Pools' endpoints: (backend, endpoint) → their latency and quality windows.
+    let mut endpoints: HashMap<(Arc<str>, Arc<str>), BackendWindows> = HashMap::new();
     // Endpoints whose gauges are exported, so that those that left lose theirs.
     let mut exported: Vec<(Arc<str>, Arc<str>)> = Vec::new();
-    let window_for = |windows: &mut HashMap<String, BackendWindows>,
-                      key: &str,
-                      snap: &crate::config::reload::Snapshot| {
-        let (lat, q) = (snap.config.metrics.window_secs, snap.config.quality.window_secs);
-        let w = windows
-            .entry(key.to_string())
-            .or_insert_with(|| BackendWindows { latency: Window::new(lat), quality: QualityWindow::new(q) });
-        if w.latency.len_secs() != lat {
-            w.latency = Window::new(lat);
-        }
-        if w.quality.len_secs() != QualityWindow::len_for(q) {
-            w.quality = QualityWindow::new(q);
-        }
-    };
+    let window_for =
+        |windows: &mut HashMap<String, BackendWindows>, key: &str, snap: &crate::config::reload::Snapshot| {
+            windows.entry(key.to_string()).or_insert_with(|| BackendWindows::new(snap)).resize(snap);
+        };
     let mut calibrator = Calibrator::default();
     let mut thresholds: Vec<[String; 3]> = Vec::new();
     let mut last_publish = Instant::now();
@@ -211,14 +228,12 @@ fn run(
                         w.latency.add(now, &r, cost);
                     }
                     if !r.endpoint.is_empty() && snap.backend(&r.backend).is_some_and(|b| b.is_pool) {
-                        let lat = snap.config.metrics.window_secs;
-                        let w = endpoints
+                        endpoints
                             .entry((r.backend.clone(), r.endpoint.clone()))
-                            .or_insert_with(|| Window::new(lat));
-                        if w.len_secs() != lat {
-                            *w = Window::new(lat);
-                        }
-                        w.add(now, &r, cost);
+                            .or_insert_with(|| BackendWindows::new(&snap))
+                            .resize(&snap)
+                            .latency
+                            .add(now, &r, cost);
                     }
                     let keep = snap.config.metrics.recent_records;
                     let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
@@ -241,6 +256,8 @@ fn run(
                 QualityEvent::Consistency(r) => &r.of,
             };
             let (id, backend, class) = (of.id, of.backend.clone(), of.class.clone());
+            // The endpoint's own windows exist once a request it served was recorded.
+            let endpoint = endpoints.get_mut(&(backend.clone(), of.endpoint.clone()));
             window_for(&mut windows, &backend, &snap);
             window_for(&mut classes, &class, &snap);
             let max_ppl = snap.config.classes.get(&*class).and_then(|c| c.max_perplexity);
@@ -250,7 +267,9 @@ fn run(
             match ev {
                 QualityEvent::Perplexity(res) => {
                     let passed = max_ppl.is_none_or(|m| res.perplexity <= m);
-                    for w in [windows.get_mut(&*backend), classes.get_mut(&*class)].into_iter().flatten() {
+                    for w in
+                        [windows.get_mut(&*backend), classes.get_mut(&*class), endpoint].into_iter().flatten()
+                    {
                         w.quality.add(now, res.perplexity, res.bits_per_byte, res.tokens, passed);
                     }
                     if let Some(r) = rec {
@@ -276,7 +295,9 @@ fn run(
                             metrics.consistency_hallucinated.with_label_values(&labels).inc();
                         }
                     }
-                    for w in [windows.get_mut(&*backend), classes.get_mut(&*class)].into_iter().flatten() {
+                    for w in
+                        [windows.get_mut(&*backend), classes.get_mut(&*class), endpoint].into_iter().flatten()
+                    {
                         w.quality.add_consistency(now, res.score, verdict);
                     }
                     if let Some(r) = rec {
@@ -302,9 +323,7 @@ fn run(
                 |scope: &str, ws: &mut HashMap<String, BackendWindows>| -> HashMap<String, WindowSnapshot> {
                     ws.iter_mut()
                         .map(|(k, w)| {
-                            let mut s = w.latency.snapshot(now);
-                            s.quality = w.quality.snapshot(now);
-                            s.goodput = crate::goodput::summarize(&s.rates());
+                            let s = w.snapshot(now);
                             export_goodput(&metrics, scope, k, &s.goodput);
                             (k.clone(), s)
                         })

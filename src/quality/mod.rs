@@ -19,6 +19,8 @@ pub struct Subject {
     pub model: std::sync::Arc<str>,
     pub route: std::sync::Arc<str>,
     pub class: std::sync::Arc<str>,
+    /// The pool endpoint that served it (`host:port`); empty outside a pool.
+    pub endpoint: std::sync::Arc<str>,
 }
 
 impl Subject {
@@ -29,6 +31,7 @@ impl Subject {
             model: r.model.clone(),
             route: r.route.clone(),
             class: r.class.clone(),
+            endpoint: r.endpoint.clone(),
         }
     }
 

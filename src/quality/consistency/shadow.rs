@@ -261,7 +261,7 @@ impl Engine {
             Operation::Chat => "/v1/chat/completions",
             Operation::Completion => "/v1/completions",
         };
-        let samples = self.resample(&backend, path, &job.request).await;
+        let samples = self.resample(&backend, &job.of.endpoint, path, &job.request).await;
         if samples.is_empty() {
             self.metrics.consistency_failed.inc();
             return;
@@ -311,7 +311,7 @@ impl Engine {
                             let body = Bytes::from(judge_body(&model, sample, s, c.priority));
                             let (this, to) = (self.clone(), judge.clone());
                             calls.spawn(async move {
-                                let answer = this.call(&to, "/v1/chat/completions", body, "judge").await;
+                                let answer = this.call(&to, "", "/v1/chat/completions", body, "judge").await;
                                 answer.ok().and_then(|mut choices| choices.drain(..).next())
                             });
                         }
@@ -362,10 +362,12 @@ impl Engine {
 
     /// The K re-samples of `request` from `backend`, as `resample` says: one request with
     /// `n: K`, or K requests, or (auto, on a backend that showed it does not honour `n`) the
-    /// rest of them one by one. Fewer than K when some failed; empty when all did.
+    /// rest of them one by one, from the endpoint that served the response while it is in the
+    /// pool. Fewer than K when some failed; empty when all did.
     async fn resample(
         self: &Arc<Self>,
         backend: &Arc<ResolvedBackend>,
+        endpoint: &Arc<str>,
         path: &'static str,
         request: &[u8],
     ) -> Vec<String> {
@@ -377,7 +379,7 @@ impl Engine {
         let mut refused = None;
         if k > 1 && self.uses_n(&backend.name) != Some(false) {
             let Some(body) = shadow_body(request, &self.cfg, k) else { return samples };
-            match self.call(backend, path, Bytes::from(body), "samples_n").await {
+            match self.call(backend, endpoint, path, Bytes::from(body), "samples_n").await {
                 Ok(choices) => {
                     let got = choices.len();
                     samples = choices;
@@ -397,8 +399,8 @@ impl Engine {
         let body = Bytes::from(body);
         let mut pending = tokio::task::JoinSet::new();
         for _ in samples.len()..k {
-            let (this, to, body) = (self.clone(), backend.clone(), body.clone());
-            pending.spawn(async move { this.call(&to, path, body, "sample").await });
+            let (this, to, body, ep) = (self.clone(), backend.clone(), body.clone(), endpoint.clone());
+            pending.spawn(async move { this.call(&to, &ep, path, body, "sample").await });
         }
         while let Some(r) = pending.join_next().await {
             if let Ok(Ok(mut choices)) = r
@@ -437,12 +439,13 @@ impl Engine {
     async fn call(
         &self,
         to: &ResolvedBackend,
+        endpoint: &str,
         path: &str,
         body: Bytes,
         kind: &'static str,
     ) -> Result<Vec<String>, CallFailed> {
         let permit = self.permits.acquire().await.map_err(|_| CallFailed(None))?;
-        let endpoint = to.any_endpoint().ok_or(CallFailed(None))?;
+        let endpoint = to.endpoint_or_any(endpoint).ok_or(CallFailed(None))?;
         let target = http::uri::PathAndQuery::try_from(path).map_err(|_| CallFailed(None))?;
         let uri = to.uri(&endpoint, &target).map_err(|_| CallFailed(None))?;
         let mut req = Request::post(uri)
