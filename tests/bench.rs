@@ -40,8 +40,8 @@ async fn open_loop_poisson_run_reports_latency_throughput_and_goodput() {
         "--num-requests",
         "100",
         "--goodput",
-        "ttft:100",
-        "tpot:10",
+        "ttft:200",
+        "tpot:20",
     ]);
     assert!(ok, "{text}");
     assert!(text.contains("Request goodput (req/s):") && text.contains("P99 TTFT (ms):"), "{text}");
@@ -49,13 +49,15 @@ async fn open_loop_poisson_run_reports_latency_throughput_and_goodput() {
     assert_eq!(sim.requests(), 100);
     assert_eq!(r["total_output_tokens"], 1600, "16 tokens each, from usage");
     assert_eq!(r["output_tokens_from_usage"], 1.0);
-    // The simulator's TTFT is 20 ms and its TPOT 2 ms.
+    // The simulator's TTFT is 20 ms and its TPOT 2 ms. The upper bounds leave room for a
+    // machine busy with other work (CI warms two vLLM servers up beside this test); they still
+    // tell TPOT from TTFT, and a unit error (seconds, µs) from either.
     let ttft = f(&r, "/ttft/median_ms");
-    assert!((19.0..40.0).contains(&ttft), "TTFT median {ttft}");
+    assert!((19.0..60.0).contains(&ttft), "TTFT median {ttft}");
     let tpot = f(&r, "/tpot/median_ms");
-    assert!((1.9..4.0).contains(&tpot), "TPOT median {tpot}");
+    assert!((1.9..10.0).contains(&tpot), "TPOT median {tpot}");
     let itl = f(&r, "/itl/median_ms");
-    assert!((1.5..4.0).contains(&itl), "ITL median {itl}");
+    assert!((1.5..10.0).contains(&itl), "ITL median {itl}");
     // 100 Poisson arrivals at 50/s take about 2 s (seeded: the same every run).
     let rate = f(&r, "/request_throughput");
     assert!((30.0..70.0).contains(&rate), "{rate} req/s");
