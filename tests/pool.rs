@@ -518,7 +518,8 @@ routing: {{exploration: 0.0, response_headers: true, default_class: interactive,
 
 /// Quality is kept per endpoint too: a replica whose text has gone bad shows a higher
 /// consistency score than its healthy peer, each check's re-samples come from the replica that
-/// served the response, and the backend's window holds them all.
+/// served the response, and the backend's window holds them all. Drift against the pool's
+/// other endpoint is confident for the degraded replica only, and exported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quality_is_measured_per_endpoint() {
     let sim = |quality: f64| goodput::sim::SimConfig {
@@ -531,7 +532,8 @@ async fn quality_is_measured_per_endpoint() {
     let (poor_addr, poor) = goodput::sim::spawn(sim(0.3), "127.0.0.1:0").await.unwrap();
     let yaml = pool_yaml(
         &[format!("http://{good_addr}"), format!("http://{poor_addr}")],
-        "quality:\n  consistency: {sample_rate: 1.0, samples: 3, methods: [unigram], max_token_share: 100}\n",
+        "quality:\n  consistency: {sample_rate: 1.0, samples: 3, methods: [unigram], max_token_share: 100}\n\
+         \x20 drift: {min_samples: 3, min_effect_consistency: 0.0}\n",
     );
     let gp = Goodput::start(&yaml);
     let mut served: HashMap<String, u64> = HashMap::new();
@@ -567,4 +569,27 @@ async fn quality_is_measured_per_endpoint() {
     assert!(ps > gs, "the degraded replica scores worse: {ps} against {gs}");
     // One request per check (the simulator honours `n`), to the replica that served it.
     assert_eq!((good.requests(), poor.requests()), (2 * n(&g), 2 * n(&p)));
+
+    let drift = |e: &str| {
+        let d = eps.iter().find(|x| x["endpoint"] == e).unwrap()["drift"].clone();
+        d.as_array().unwrap().iter().find(|x| x["signal"] == "consistency").cloned().unwrap()
+    };
+    if n(&g) >= 3 && n(&p) >= 3 {
+        let (gd, pd) = (drift(&g), drift(&p));
+        assert_eq!(pd["reference"]["names"], serde_json::json!([g.clone()]), "{pd}");
+        assert_eq!(
+            (pd["confident"].as_bool(), gd["confident"].as_bool()),
+            (Some(true), Some(false)),
+            "{pd} {gd}"
+        );
+        let m = gp.metrics().await;
+        let confident = |e: &str| {
+            metric(
+                &m,
+                "goodput_quality_drift_confident",
+                &[("scope", "endpoint"), ("name", e), ("signal", "consistency")],
+            )
+        };
+        assert_eq!((confident(&p), confident(&g)), (1.0, 0.0), "{m}");
+    }
 }

@@ -174,6 +174,7 @@ fn backends(proxy: &Proxy) -> serde_json::Value {
     let endpoint_windows = proxy.recorder.shared.endpoint_windows.load();
     let remote = proxy.router.remote_stats();
     let calibration = proxy.recorder.shared.calibration.load();
+    let drift = proxy.recorder.shared.drift.load();
     let list: Vec<serde_json::Value> = snap
         .backends
         .iter()
@@ -213,10 +214,15 @@ fn backends(proxy: &Proxy) -> serde_json::Value {
                         // come from it too).
                         "quality": &w.quality,
                     })),
+                    // Against the pool's other endpoints (quality::drift); absent: too few scores.
+                    "drift": drift.endpoints.get(&*b.name).and_then(|d| d.get(&*e.label)),
                 })).collect::<Vec<_>>(),
                 "discovered_models": &**b.state.models.all(),
                 // What its hallucination rate comes from (null: no consistency checks).
                 "consistency_rate": calibration.get(&*b.name),
+                // Against the backends that serve one of its models, else its own baseline
+                // (quality::drift); absent: too few scores.
+                "drift": drift.backends.get(&*b.name),
                 "window": windows.get(&*b.name),
                 "router_stats": remote.as_ref().and_then(|r| r.get(&*b.name)).cloned()
                     .or_else(|| windows.get(&*b.name).map(crate::route::router::stats_of)),

@@ -11,7 +11,8 @@ pub mod routing;
 
 pub use pool::{Discovery, PoolPolicy, PoolSettings, PoolWeights, PrefixSettings};
 pub use quality::{
-    CalibrationConfig, ConsistencyConfig, Device, Method, PerplexityConfig, QualityConfig, Resample,
+    CalibrationConfig, ConsistencyConfig, Device, DriftConfig, Method, PerplexityConfig, QualityConfig,
+    Resample,
 };
 pub use reload::{ConfigHandle, spawn_reloader};
 pub use route::{Route, RouteMatch};

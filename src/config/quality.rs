@@ -23,6 +23,43 @@ pub struct QualityConfig {
     pub perplexity: Option<PerplexityConfig>,
     /// SelfCheckGPT-style consistency checks by shadow re-sampling; without it none run.
     pub consistency: Option<ConsistencyConfig>,
+    /// When a backend's or an endpoint's windowed scores count as worse than its reference.
+    pub drift: DriftConfig,
+}
+
+/// Drift (`quality::drift`): each backend and pool endpoint against its peers serving the same
+/// model, or its own baseline, per signal (bits per byte, consistency score).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DriftConfig {
+    /// Scores needed on each side before a drift is stated.
+    pub min_samples: u64,
+    /// Confident drift: the 95% interval of (mean − reference mean) lies above this.
+    pub min_effect_bits_per_byte: f64,
+    pub min_effect_consistency: f64,
+    /// The baseline window of a unit without peers (it includes the quality window).
+    pub baseline_secs: u64,
+}
+
+impl Default for DriftConfig {
+    fn default() -> Self {
+        DriftConfig {
+            min_samples: 20,
+            min_effect_bits_per_byte: 0.1,
+            min_effect_consistency: 0.05,
+            baseline_secs: 21_600,
+        }
+    }
+}
+
+impl DriftConfig {
+    pub fn settings(&self) -> crate::quality::drift::Settings {
+        crate::quality::drift::Settings {
+            min_samples: self.min_samples,
+            min_effect_bits_per_byte: self.min_effect_bits_per_byte,
+            min_effect_consistency: self.min_effect_consistency,
+        }
+    }
 }
 
 impl QualityConfig {
@@ -42,6 +79,7 @@ impl Default for QualityConfig {
             max_cpu: None,
             perplexity: None,
             consistency: None,
+            drift: DriftConfig::default(),
         }
     }
 }
@@ -312,6 +350,24 @@ impl QualityConfig {
         }
         if !(10..=86_400).contains(&self.window_secs) {
             err("quality.window_secs".into(), "must be between 10 and 86400".into());
+        }
+        let d = &self.drift;
+        if d.min_samples < 2 {
+            err("quality.drift.min_samples".into(), "must be at least 2".into());
+        }
+        for (k, v) in [
+            ("min_effect_bits_per_byte", d.min_effect_bits_per_byte),
+            ("min_effect_consistency", d.min_effect_consistency),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                err(format!("quality.drift.{k}"), "must be a number >= 0".into());
+            }
+        }
+        if !(self.window_secs..=604_800).contains(&d.baseline_secs) {
+            err(
+                "quality.drift.baseline_secs".into(),
+                "must be between quality.window_secs and 604800".into(),
+            );
         }
         if let Some(c) = &self.consistency {
             let p = "quality.consistency";

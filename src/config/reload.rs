@@ -60,6 +60,16 @@ impl ResolvedBackend {
             .map_err(|e| e.to_string())
     }
 
+    /// The model names it serves: configured, discovered and the simulator's.
+    pub fn served_models(&self) -> Vec<String> {
+        let mut out: Vec<String> = self.models.keys().cloned().collect();
+        out.extend(self.state.models.all().iter().map(|m| m.to_string()));
+        out.extend(self.served_model.iter().map(|m| m.to_string()));
+        out.sort();
+        out.dedup();
+        out
+    }
+
     /// Bounded label value for a requested model name.
     pub fn serves(&self, model: &str) -> bool {
         self.models.contains_key(model) || self.state.models.get(model).is_some()

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub consistency_rated: IntCounterVec,
     pub consistency_hallucinated: IntCounterVec,
     pub consistency_threshold: GaugeVec,
+    pub quality_drift: GaugeVec,
+    pub quality_drift_confident: GaugeVec,
     pub consistency_failed: IntCounter,
     pub route_decisions: IntCounterVec,
     pub route_stats_reads: IntCounterVec,
@@ -400,6 +402,18 @@ impl Metrics {
                 "goodput_consistency_hallucinated_total",
                 "Rated responses judged hallucinated (score above the threshold): ÷ goodput_consistency_rated_total = the hallucination rate.",
                 l,
+            ),
+            quality_drift: gauge(
+                &reg,
+                "goodput_quality_drift",
+                "A backend's or pool endpoint's mean quality score over the quality window less its reference's (its peers serving the same model, else its own baseline), by scope (backend, endpoint), name, signal (bits_per_byte, consistency) and bound (estimate, lower, upper: the 95% interval). Positive is worse. Absent while either side has fewer than quality.drift.min_samples scores.",
+                &["scope", "name", "signal", "bound"],
+            ),
+            quality_drift_confident: gauge(
+                &reg,
+                "goodput_quality_drift_confident",
+                "1 when goodput_quality_drift's lower bound is above the signal's quality.drift.min_effect_*: worse than the reference, and not by noise.",
+                &["scope", "name", "signal"],
             ),
             consistency_threshold: gauge(
                 &reg,

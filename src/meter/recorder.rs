@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 
 use super::metrics::Metrics;
 use super::record::{Outcome, Payload, RequestRecord, TokenSource};
-use super::window::{QualityWindow, Window, WindowSnapshot};
+use super::window::{MomentWindow, QualityWindow, Window, WindowSnapshot};
 use crate::config::ConfigHandle;
 use crate::quality::calibration::{Calibrator, RateSource};
 use crate::quality::consistency::{Checker, ConsistencyJob};
+use crate::quality::drift::{self, Drift, Moments, Signal, Unit};
 use crate::quality::scorer::{ScoreJob, Scorer};
 use crate::quality::{QualityEvent, Subject};
 
@@ -40,6 +41,8 @@ pub struct Shared {
     pub classes: ArcSwap<HashMap<String, WindowSnapshot>>,
     /// Per backend, what its hallucination rate comes from (consistency checks on only).
     pub calibration: ArcSwap<HashMap<String, RateSource>>,
+    /// Quality drift per backend and per pool endpoint (absent: too few scores).
+    pub drift: ArcSwap<DriftView>,
     /// Set by admin: forget calibrated thresholds and calibrate again.
     pub recalibrate: std::sync::atomic::AtomicBool,
     recent: Mutex<VecDeque<RequestRecord>>,
@@ -87,6 +90,7 @@ impl Recorder {
             endpoint_windows: ArcSwap::from_pointee(HashMap::new()),
             classes: ArcSwap::from_pointee(HashMap::new()),
             calibration: ArcSwap::from_pointee(HashMap::new()),
+            drift: ArcSwap::from_pointee(DriftView::default()),
             recalibrate: Default::default(),
             recent: Mutex::new(VecDeque::new()),
             processed: Default::default(),
@@ -133,15 +137,28 @@ impl Recorder {
     }
 }
 
+/// Drift by backend, and by backend then endpoint.
+#[derive(Default)]
+pub struct DriftView {
+    pub backends: HashMap<String, Vec<Drift>>,
+    pub endpoints: HashMap<String, HashMap<String, Vec<Drift>>>,
+}
+
 struct BackendWindows {
     latency: Window,
     quality: QualityWindow,
+    /// The drift signals over `quality.drift.baseline_secs`.
+    baseline: MomentWindow,
 }
 
 impl BackendWindows {
     fn new(snap: &crate::config::reload::Snapshot) -> BackendWindows {
         let (lat, q) = (snap.config.metrics.window_secs, snap.config.quality.window_secs);
-        BackendWindows { latency: Window::new(lat), quality: QualityWindow::new(q) }
+        BackendWindows {
+            latency: Window::new(lat),
+            quality: QualityWindow::new(q),
+            baseline: MomentWindow::new(snap.config.quality.drift.baseline_secs),
+        }
     }
 
     /// A reload that changes a window's length starts that window afresh.
@@ -152,6 +169,10 @@ impl BackendWindows {
         }
         if self.quality.len_secs() != QualityWindow::len_for(q) {
             self.quality = QualityWindow::new(q);
+        }
+        let b = snap.config.quality.drift.baseline_secs;
+        if self.baseline.len_secs() != MomentWindow::len_for(b) {
+            self.baseline = MomentWindow::new(b);
         }
         self
     }
@@ -185,6 +206,7 @@ fn run(
         };
     let mut calibrator = Calibrator::default();
     let mut thresholds: Vec<[String; 3]> = Vec::new();
+    let mut drift_exported: Vec<[String; 3]> = Vec::new();
     let mut last_publish = Instant::now();
     let mut last_work = Instant::now();
     loop {
@@ -271,6 +293,7 @@ fn run(
                         [windows.get_mut(&*backend), classes.get_mut(&*class), endpoint].into_iter().flatten()
                     {
                         w.quality.add(now, res.perplexity, res.bits_per_byte, res.tokens, passed);
+                        w.baseline.add(now, Signal::BitsPerByte, res.bits_per_byte);
                     }
                     if let Some(r) = rec {
                         r.perplexity = Some(res.perplexity);
@@ -299,6 +322,7 @@ fn run(
                         [windows.get_mut(&*backend), classes.get_mut(&*class), endpoint].into_iter().flatten()
                     {
                         w.quality.add_consistency(now, res.score, verdict);
+                        w.baseline.add(now, Signal::Consistency, res.score);
                     }
                     if let Some(r) = rec {
                         r.hallucination_score = Some(res.score);
@@ -372,6 +396,9 @@ fn run(
                 ew.entry(b.to_string()).or_default().insert(e.to_string(), w.snapshot(now));
             }
             shared.endpoint_windows.store(Arc::new(ew));
+            let view = drift_view(&snap, &windows, &endpoints, now);
+            drift_exported = export_drift(&metrics, &view, drift_exported);
+            shared.drift.store(Arc::new(view));
             let mut now_exported = Vec::new();
             for b in &snap.backends {
                 let eps = b.state.endpoints();
@@ -406,6 +433,103 @@ fn run(
             std::thread::sleep(DRAIN_EVERY);
         }
     }
+}
+
+/// A backend's or an endpoint's drift signals: its name, the models it serves, and its moments
+/// over the quality window and over the baseline.
+struct Scored {
+    name: String,
+    models: Vec<String>,
+    recent: [Moments; 2],
+    baseline: [Moments; 2],
+}
+
+impl Scored {
+    fn of(name: &str, models: Vec<String>, w: &BackendWindows, now: u64) -> Scored {
+        let (recent, baseline) = (w.quality.snapshot(now).moments, w.baseline.total(now));
+        Scored { name: name.to_string(), models, recent, baseline }
+    }
+
+    fn unit(&self, signal: usize) -> Unit<'_> {
+        Unit {
+            name: &self.name,
+            models: &self.models,
+            recent: self.recent[signal],
+            baseline: self.baseline[signal],
+        }
+    }
+}
+
+/// Each backend against the backends that share a model with it, and each pool endpoint
+/// against the other endpoints of its pool (`quality::drift`).
+fn drift_view(
+    snap: &crate::config::reload::Snapshot,
+    windows: &HashMap<String, BackendWindows>,
+    endpoints: &HashMap<(Arc<str>, Arc<str>), BackendWindows>,
+    now: u64,
+) -> DriftView {
+    let settings = snap.config.quality.drift.settings();
+    let mut view = DriftView::default();
+    let backends: Vec<Scored> = snap
+        .backends
+        .iter()
+        .filter_map(|b| Some(Scored::of(&b.name, b.served_models(), windows.get(&*b.name)?, now)))
+        .collect();
+    // Every endpoint of a pool serves what the pool serves: all are peers.
+    let pools: Vec<(&str, Vec<Scored>)> = snap
+        .backends
+        .iter()
+        .filter(|b| b.is_pool)
+        .map(|b| {
+            let eps = endpoints
+                .iter()
+                .filter(|((name, _), _)| *name == b.name)
+                .map(|((_, e), w)| Scored::of(e, vec![String::new()], w, now))
+                .collect();
+            (&*b.name, eps)
+        })
+        .collect();
+    for (i, signal) in Signal::ALL.into_iter().enumerate() {
+        let units: Vec<Unit> = backends.iter().map(|b| b.unit(i)).collect();
+        for (name, d) in drift::assess(signal, &units, &settings) {
+            view.backends.entry(name).or_default().push(d);
+        }
+        for (backend, eps) in &pools {
+            let units: Vec<Unit> = eps.iter().map(|e| e.unit(i)).collect();
+            for (name, d) in drift::assess(signal, &units, &settings) {
+                view.endpoints.entry(backend.to_string()).or_default().entry(name).or_default().push(d);
+            }
+        }
+    }
+    view
+}
+
+/// The drift as gauges; label sets that no longer have a drift are removed. Returns what is
+/// exported now.
+fn export_drift(m: &Metrics, view: &DriftView, before: Vec<[String; 3]>) -> Vec<[String; 3]> {
+    let mut now = Vec::new();
+    let eps = view.endpoints.values().flat_map(|e| e.iter());
+    for (scope, (name, drifts)) in
+        view.backends.iter().map(|x| ("backend", x)).chain(eps.map(|x| ("endpoint", x)))
+    {
+        for d in drifts {
+            let signal = d.signal.as_str();
+            for (bound, v) in [("estimate", d.estimate), ("lower", d.lower), ("upper", d.upper)] {
+                m.quality_drift.with_label_values(&[scope, name, signal, bound]).set(v);
+            }
+            m.quality_drift_confident
+                .with_label_values(&[scope, name, signal])
+                .set(f64::from(u8::from(d.confident)));
+            now.push([scope.to_string(), name.clone(), signal.to_string()]);
+        }
+    }
+    for gone in before.iter().filter(|x| !now.contains(x)) {
+        for bound in ["estimate", "lower", "upper"] {
+            let _ = m.quality_drift.remove_label_values(&[&gone[0], &gone[1], &gone[2], bound]);
+        }
+        let _ = m.quality_drift_confident.remove_label_values(&[&gone[0], &gone[1], &gone[2]]);
+    }
+    now
 }
 
 /// The window's goodput as gauges (absent quality figures are not exported, not zeroed).

@@ -4,6 +4,7 @@
 //! i.e. 1% relative error) and counters. Only the recorder thread writes; readers get an
 //! immutable `WindowSnapshot` published through `ArcSwap`, so the router never takes a lock.
 
+use crate::quality::drift::{Moments, Signal};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 use std::time::Duration;
@@ -309,6 +310,8 @@ struct QualitySlot {
     consistency_sum: f64,
     judged: u64,
     passed: u64,
+    /// Per drift signal (`quality::drift::Signal::ALL` order).
+    moments: [Moments; 2],
 }
 
 pub struct QualityWindow {
@@ -338,6 +341,9 @@ pub struct QualitySnapshot {
     /// that passed the class's floors: the pass rate that weights goodput.
     pub judged: u64,
     pub passed: u64,
+    /// Per drift signal (`Signal::ALL` order): what drift is computed from.
+    #[serde(skip)]
+    pub moments: [Moments; 2],
 }
 
 impl QualityWindow {
@@ -355,6 +361,7 @@ impl QualityWindow {
             consistency_sum: 0.0,
             judged: 0,
             passed: 0,
+            moments: Default::default(),
         };
         QualityWindow { slots: vec![slot; n] }
     }
@@ -388,6 +395,7 @@ impl QualityWindow {
             s.consistency_sum = 0.0;
             s.judged = 0;
             s.passed = 0;
+            s.moments = Default::default();
         }
         s
     }
@@ -401,6 +409,7 @@ impl QualityWindow {
         let s = self.slot(second);
         s.checked += 1;
         s.consistency_sum += score;
+        s.moments[1].add(score);
         if let Some(h) = hallucinated {
             s.rated += 1;
             s.hallucinated += u64::from(h);
@@ -419,6 +428,7 @@ impl QualityWindow {
         s.passed += u64::from(passed);
         let _ = s.perplexity.record(((perplexity * PPL_SCALE) as u64).clamp(1, 1_000_000_000_000));
         s.bits_per_byte_sum += bits_per_byte;
+        s.moments[0].add(bits_per_byte);
         s.log_perplexity_sum += perplexity.ln();
         s.tokens += tokens;
     }
@@ -430,6 +440,7 @@ impl QualityWindow {
         let (mut bpb, mut lnp, mut tokens) = (0.0, 0.0, 0);
         let (mut checked, mut rated, mut hallucinated, mut csum) = (0, 0, 0, 0.0);
         let (mut judged, mut passed) = (0, 0);
+        let mut moments = [Moments::default(); 2];
         for s in &self.slots {
             if s.index == u64::MAX || s.index > now || now - s.index >= n {
                 continue;
@@ -444,6 +455,9 @@ impl QualityWindow {
             csum += s.consistency_sum;
             judged += s.judged;
             passed += s.passed;
+            for (m, x) in moments.iter_mut().zip(&s.moments) {
+                m.merge(x);
+            }
         }
         let count = h.len();
         let q = |p: f64| (count > 0).then(|| h.value_at_quantile(p) as f64 / PPL_SCALE);
@@ -463,7 +477,57 @@ impl QualityWindow {
             consistency_score_mean: (checked > 0).then(|| csum / checked as f64),
             judged,
             passed,
+            moments,
         }
+    }
+}
+
+/// The drift signals' moments over a long window (the baseline a unit without peers is
+/// compared with): minute slots, sums only.
+pub struct MomentWindow {
+    /// (slot index, moments per signal).
+    slots: Vec<(u64, [Moments; 2])>,
+}
+
+const MOMENT_SLOT_SECS: u64 = 60;
+
+impl MomentWindow {
+    pub fn new(window_secs: u64) -> MomentWindow {
+        let n = (Self::len_for(window_secs) / MOMENT_SLOT_SECS) as usize;
+        MomentWindow { slots: vec![(u64::MAX, Default::default()); n] }
+    }
+
+    pub fn len_secs(&self) -> u64 {
+        self.slots.len() as u64 * MOMENT_SLOT_SECS
+    }
+
+    pub fn len_for(window_secs: u64) -> u64 {
+        window_secs.div_ceil(MOMENT_SLOT_SECS).clamp(1, 10_080) * MOMENT_SLOT_SECS
+    }
+
+    pub fn add(&mut self, second: u64, signal: Signal, x: f64) {
+        let index = second / MOMENT_SLOT_SECS;
+        let n = self.slots.len() as u64;
+        let s = &mut self.slots[(index % n) as usize];
+        if s.0 != index {
+            *s = (index, Default::default());
+        }
+        s.1[signal as usize].add(x);
+    }
+
+    pub fn total(&self, now_second: u64) -> [Moments; 2] {
+        let now = now_second / MOMENT_SLOT_SECS;
+        let n = self.slots.len() as u64;
+        let mut out = [Moments::default(); 2];
+        for (index, m) in &self.slots {
+            if *index == u64::MAX || *index > now || now - *index >= n {
+                continue;
+            }
+            for (o, x) in out.iter_mut().zip(m) {
+                o.merge(x);
+            }
+        }
+        out
     }
 }
 

@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod calibration;
 pub mod consistency;
+pub mod drift;
 pub mod lm;
 pub mod offline;
 pub mod ppl;
