@@ -252,6 +252,14 @@ async fn upstream_connections_are_kept_alive_and_one_the_server_closed_is_replac
     // Keep-alive: five requests one after another share one upstream connection.
     let (up, conns, requests) = counting_upstream(|_, _| Some(ok_answer())).await;
     let gp = Goodput::start(&config_for(up, ""));
+    // Once ready, goodput's start-up probe of the upstream is over: it cannot hold a pooled
+    // connection while the first request looks for one (on a busy machine it did).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while send(gp.admin, http::Request::get("/readyz").body(Default::default()).unwrap()).await.status != 200
+    {
+        assert!(std::time::Instant::now() < deadline, "goodput never became ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     for _ in 0..5 {
         assert_eq!(exchange(gp.proxy, chat_request().as_bytes()).await.0, 200);
     }
