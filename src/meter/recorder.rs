@@ -446,7 +446,7 @@ struct Scored {
 
 impl Scored {
     fn of(name: &str, models: Vec<String>, w: &BackendWindows, now: u64) -> Scored {
-        let (recent, baseline) = (w.quality.snapshot(now).moments, w.baseline.total(now));
+        let (recent, baseline) = (w.quality.moments(now), w.baseline.total(now));
         Scored { name: name.to_string(), models, recent, baseline }
     }
 

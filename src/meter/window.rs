@@ -433,18 +433,30 @@ impl QualityWindow {
         s.tokens += tokens;
     }
 
-    pub fn snapshot(&self, now_second: u64) -> QualitySnapshot {
+    /// The slots still inside the window at `now_second`.
+    fn live(&self, now_second: u64) -> impl Iterator<Item = &QualitySlot> {
         let now = now_second / QUALITY_SLOT_SECS;
         let n = self.slots.len() as u64;
+        self.slots.iter().filter(move |s| s.index != u64::MAX && s.index <= now && now - s.index < n)
+    }
+
+    /// The drift signals' moments over the window, without the histogram merge of `snapshot`.
+    pub fn moments(&self, now_second: u64) -> [Moments; 2] {
+        let mut out = [Moments::default(); 2];
+        for s in self.live(now_second) {
+            for (o, x) in out.iter_mut().zip(&s.moments) {
+                o.merge(x);
+            }
+        }
+        out
+    }
+
+    pub fn snapshot(&self, now_second: u64) -> QualitySnapshot {
         let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000_000, 2).expect("valid bounds");
         let (mut bpb, mut lnp, mut tokens) = (0.0, 0.0, 0);
         let (mut checked, mut rated, mut hallucinated, mut csum) = (0, 0, 0, 0.0);
         let (mut judged, mut passed) = (0, 0);
-        let mut moments = [Moments::default(); 2];
-        for s in &self.slots {
-            if s.index == u64::MAX || s.index > now || now - s.index >= n {
-                continue;
-            }
+        for s in self.live(now_second) {
             let _ = h.add(&s.perplexity);
             bpb += s.bits_per_byte_sum;
             lnp += s.log_perplexity_sum;
@@ -455,9 +467,6 @@ impl QualityWindow {
             csum += s.consistency_sum;
             judged += s.judged;
             passed += s.passed;
-            for (m, x) in moments.iter_mut().zip(&s.moments) {
-                m.merge(x);
-            }
         }
         let count = h.len();
         let q = |p: f64| (count > 0).then(|| h.value_at_quantile(p) as f64 / PPL_SCALE);
@@ -477,7 +486,7 @@ impl QualityWindow {
             consistency_score_mean: (checked > 0).then(|| csum / checked as f64),
             judged,
             passed,
-            moments,
+            moments: self.moments(now_second),
         }
     }
 }
