@@ -35,6 +35,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
                 rated: 20,
                 hallucination_rate: Some(0.05),
             },
+            degraded: None,
         })
         .collect()
 }
@@ -128,6 +129,7 @@ fn pool() {
                 kv_cache: Some(0.1 * i as f64),
                 matched: if i == 1 { 100 } else { 0 },
                 ttft_p95_ms: Some(100.0 + i as f64),
+                degraded: None,
             })
             .collect();
         let ns = median(RUNS, 20_000, |i| {

@@ -337,7 +337,7 @@ def routing():
         "Pool: endpoint choices/s by reason",
         [(f'sum by (backend, endpoint, reason) (rate(goodput_endpoint_decisions_total{{backend=~"$backend"}}[{RI}]))', "{{endpoint}} {{reason}}")],
         "reqps",
-        description="prefix_hit, least_queue, kv_headroom, lowest_latency, near_tie, fallback_unknown (no server signal: goodput's own counts), all_saturated, no_healthy_endpoint.",
+        description="prefix_hit, least_queue, kv_headroom, lowest_latency, near_tie, fallback_unknown (no server signal: goodput's own counts), all_saturated, no_healthy_endpoint, quality_degraded (an endpoint whose quality drifted was drained), quality_probe (the share that still goes there).",
     )
     b.panel(
         "Pool: endpoints and requests outstanding",

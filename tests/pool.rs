@@ -536,21 +536,30 @@ async fn quality_is_measured_per_endpoint() {
          \x20 drift: {min_samples: 3, min_effect_consistency: 0.0}\n",
     );
     let gp = Goodput::start(&yaml);
-    let mut served: HashMap<String, u64> = HashMap::new();
-    for i in 0..16 {
+    let (g, p) = (good_addr.to_string(), poor_addr.to_string());
+    let ask = |i: usize| {
         let body = serde_json::json!({"model": "m", "max_tokens": 20,
             "messages": [{"role": "user", "content": format!("Tell me about place number {i}.")}]});
-        let r = send(gp.proxy, post_json("/v1/chat/completions", &body.to_string())).await;
-        assert_eq!(r.status, 200, "{}", r.text());
-        *served.entry(header(&r, "x-goodput-endpoint")).or_default() += 1;
+        let proxy = gp.proxy;
+        async move {
+            let r = send(proxy, post_json("/v1/chat/completions", &body.to_string())).await;
+            assert_eq!(r.status, 200, "{}", r.text());
+            header(&r, "x-goodput-endpoint")
+        }
+    };
+    let mut served: HashMap<String, u64> = HashMap::new();
+    let mut sent = 0;
+    // Until each replica has the scores drift needs (near-ties split at random).
+    while sent < 16 || served.get(&g).is_none_or(|&n| n < 3) || served.get(&p).is_none_or(|&n| n < 3) {
+        assert!(sent < 60, "both replicas serve: {served:?}");
+        *served.entry(ask(sent).await).or_default() += 1;
+        sent += 1;
     }
-    let (g, p) = (good_addr.to_string(), poor_addr.to_string());
     let n = |e: &str| served.get(e).copied().unwrap_or(0);
-    assert!(n(&g) > 0 && n(&p) > 0, "both replicas served: {served:?}");
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     let bk = loop {
         let bk = gp.admin_json("/admin/backends").await;
-        if bk["backends"][0]["window"]["quality"]["consistency_checked"] == 16 {
+        if bk["backends"][0]["window"]["quality"]["consistency_checked"] == sent {
             break bk;
         }
         assert!(std::time::Instant::now() < deadline, "checks did not finish: {bk}");
@@ -574,7 +583,7 @@ async fn quality_is_measured_per_endpoint() {
         let d = eps.iter().find(|x| x["endpoint"] == e).unwrap()["drift"].clone();
         d.as_array().unwrap().iter().find(|x| x["signal"] == "consistency").cloned().unwrap()
     };
-    if n(&g) >= 3 && n(&p) >= 3 {
+    {
         let (gd, pd) = (drift(&g), drift(&p));
         assert_eq!(pd["reference"]["names"], serde_json::json!([g.clone()]), "{pd}");
         assert_eq!(
@@ -592,4 +601,29 @@ async fn quality_is_measured_per_endpoint() {
         };
         assert_eq!((confident(&p), confident(&g)), (1.0, 0.0), "{m}");
     }
+    // Routing acts on it: the degraded replica is drained but for the probe share (5%).
+    let decided = |m: &str, e: &str, reason: &str| {
+        metric(
+            m,
+            "goodput_endpoint_decisions_total",
+            &[("backend", "pool"), ("endpoint", e), ("reason", reason)],
+        )
+    };
+    let m0 = gp.metrics().await;
+    let mut after: HashMap<String, u64> = HashMap::new();
+    for i in 0..40 {
+        *after.entry(ask(100 + i).await).or_default() += 1;
+    }
+    let (to_good, to_poor) = (after.get(&g).copied().unwrap_or(0), after.get(&p).copied().unwrap_or(0));
+    assert!(to_poor <= 6 && to_good >= 34, "drained: {after:?}");
+    let m = gp.metrics().await;
+    let delta = |e: &str, reason: &str| decided(&m, e, reason) - decided(&m0, e, reason);
+    assert_eq!(delta(&g, "quality_degraded"), to_good as f64, "{m}");
+    assert_eq!(delta(&p, "quality_probe"), to_poor as f64, "{m}");
+    let routes = gp.admin_json("/admin/routes").await.to_string();
+    assert!(
+        routes.contains(&format!("quality_degraded: {g}"))
+            && routes.contains(&format!("{p} drained (consistency +")),
+        "{routes}"
+    );
 }

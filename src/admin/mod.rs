@@ -240,11 +240,12 @@ fn routes(proxy: &Proxy, limit: usize) -> serde_json::Value {
     let snap = proxy.config.load_full();
     let windows = proxy.recorder.shared.windows.load();
     let classes = proxy.recorder.shared.classes.load();
+    let drift = proxy.recorder.shared.drift.load();
     let decisions = proxy.router.recent(snap.config.routing.recent_decisions);
     let all = snap.routes.iter().chain(std::iter::once(&snap.default_route));
     let list: Vec<serde_json::Value> = all
         .map(|r| {
-            let cands = proxy.router.candidates(&snap, r, &windows);
+            let cands = proxy.router.candidates(&snap, r, &windows, &drift);
             let compliance: Vec<serde_json::Value> = cands
                 .iter()
                 .map(|c| {
@@ -327,19 +328,7 @@ fn by_reason(
         .collect()
 }
 
-const POOL_REASONS: &[&str] = &[
-    "only_endpoint",
-    "prefix_hit",
-    "least_queue",
-    "kv_headroom",
-    "lowest_latency",
-    "near_tie",
-    "fallback_unknown",
-    "all_saturated",
-    "no_healthy_endpoint",
-    "round_robin",
-    "least_outstanding",
-];
+const POOL_REASONS: &[&str] = &crate::route::PickReason::NAMES;
 
 const REASONS: &[&str] = &[
     "cheapest",

@@ -59,6 +59,9 @@ pub struct PoolSettings {
     /// of two drawn among them is taken (power of two choices).
     pub near_tie: f64,
     pub prefix: PrefixSettings,
+    /// The share of choices that still go to an endpoint drained for degraded quality, so that
+    /// its scores stay fresh and it returns when it recovers (`quality.drift.drain`).
+    pub degraded_probe: f64,
 }
 
 impl Default for PoolSettings {
@@ -70,6 +73,7 @@ impl Default for PoolSettings {
             weights: PoolWeights::default(),
             near_tie: 0.05,
             prefix: PrefixSettings::default(),
+            degraded_probe: 0.05,
         }
     }
 }
@@ -149,6 +153,9 @@ impl PoolSettings {
         }
         if !(0.0..1.0).contains(&self.near_tie) {
             v.push(("near_tie", format!("must be in [0, 1), got {}", self.near_tie)));
+        }
+        if !(0.0..1.0).contains(&self.degraded_probe) {
+            v.push(("degraded_probe", format!("must be in [0, 1), got {}", self.degraded_probe)));
         }
         if self.prefix.block_bytes < 16 {
             v.push(("prefix.block_bytes", "must be at least 16".into()));

@@ -39,6 +39,9 @@ pub struct DriftConfig {
     pub min_effect_consistency: f64,
     /// The baseline window of a unit without peers (it includes the quality window).
     pub baseline_secs: u64,
+    /// Route around what drifted: a backend with a confident drift complies with no class, and
+    /// a pool endpoint with one is drained but for its pool's `degraded_probe` share.
+    pub drain: bool,
 }
 
 impl Default for DriftConfig {
@@ -48,6 +51,7 @@ impl Default for DriftConfig {
             min_effect_bits_per_byte: 0.1,
             min_effect_consistency: 0.05,
             baseline_secs: 21_600,
+            drain: true,
         }
     }
 }

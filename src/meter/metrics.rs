@@ -488,7 +488,7 @@ impl Metrics {
             endpoint_decisions: counter(
                 &reg,
                 "goodput_endpoint_decisions_total",
-                "Choices of an endpoint within a backend's pool, by reason (prefix_hit, least_queue, kv_headroom, lowest_latency, near_tie, fallback_unknown, only_endpoint, all_saturated, no_healthy_endpoint).",
+                "Choices of an endpoint within a backend's pool, by reason (prefix_hit, least_queue, kv_headroom, lowest_latency, near_tie, fallback_unknown, only_endpoint, all_saturated, no_healthy_endpoint, quality_degraded, quality_probe, round_robin, least_outstanding).",
                 &["backend", "endpoint", "reason"],
             ),
             endpoint_outstanding: gauge(

@@ -10,11 +10,11 @@ use std::time::{Duration, Instant};
 
 use super::metrics::Metrics;
 use super::record::{Outcome, Payload, RequestRecord, TokenSource};
-use super::window::{MomentWindow, QualityWindow, Window, WindowSnapshot};
+use super::window::{DriftView, MomentWindow, QualityWindow, Window, WindowSnapshot};
 use crate::config::ConfigHandle;
 use crate::quality::calibration::{Calibrator, RateSource};
 use crate::quality::consistency::{Checker, ConsistencyJob};
-use crate::quality::drift::{self, Drift, Moments, Signal, Unit};
+use crate::quality::drift::{self, Moments, Signal, Unit};
 use crate::quality::scorer::{ScoreJob, Scorer};
 use crate::quality::{QualityEvent, Subject};
 
@@ -135,13 +135,6 @@ impl Recorder {
             }
         }
     }
-}
-
-/// Drift by backend, and by backend then endpoint.
-#[derive(Default)]
-pub struct DriftView {
-    pub backends: HashMap<String, Vec<Drift>>,
-    pub endpoints: HashMap<String, HashMap<String, Vec<Drift>>>,
 }
 
 struct BackendWindows {

@@ -4,9 +4,10 @@
 //! i.e. 1% relative error) and counters. Only the recorder thread writes; readers get an
 //! immutable `WindowSnapshot` published through `ArcSwap`, so the router never takes a lock.
 
-use crate::quality::drift::{Moments, Signal};
+use crate::quality::drift::{Drift, Moments, Signal};
 use hdrhistogram::Histogram;
 use serde::Serialize;
+use std::collections::HashMap;
 use std::time::Duration;
 
 use super::record::RequestRecord;
@@ -680,4 +681,33 @@ mod tests {
         assert_eq!(s.counts.requests, 1);
         assert!((s.ttft.p50.unwrap() - 0.030).abs() < 0.001);
     }
+}
+
+/// Drift by backend, and by backend then endpoint (absent: too few scores). The recorder
+/// publishes it; the router drains what is confidently worse.
+#[derive(Debug, Default)]
+pub struct DriftView {
+    pub backends: HashMap<String, Vec<Drift>>,
+    pub endpoints: HashMap<String, HashMap<String, Vec<Drift>>>,
+}
+
+impl DriftView {
+    /// A backend's confident drift, if any.
+    pub fn backend(&self, name: &str) -> Option<&Drift> {
+        confident(self.backends.get(name)?)
+    }
+
+    /// An endpoint's confident drift, if any.
+    pub fn endpoint(&self, backend: &str, label: &str) -> Option<&Drift> {
+        confident(self.endpoints.get(backend)?.get(label)?)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.backends.is_empty() && self.endpoints.is_empty()
+    }
+}
+
+/// The first confident signal, in `Signal::ALL` order (bits per byte, then consistency).
+fn confident(ds: &[Drift]) -> Option<&Drift> {
+    ds.iter().find(|d| d.confident)
 }

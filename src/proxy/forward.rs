@@ -50,7 +50,11 @@ pub async fn forward(
     let mut tried = route::Tried::default();
     loop {
         let shared = &proxy.recorder.shared;
-        let windows = route::Windows { backends: &shared.windows, endpoints: &shared.endpoint_windows };
+        let windows = route::Windows {
+            backends: &shared.windows,
+            endpoints: &shared.endpoint_windows,
+            drift: &shared.drift,
+        };
         let peer = route::upstream_peer(
             &proxy.router,
             windows,

@@ -13,7 +13,7 @@ use super::meter::MeteredRequest;
 use crate::config::Config;
 use crate::config::reload::{ResolvedBackend, ResolvedRoute, Snapshot};
 use crate::meter::record::{Payload, RequestRecord};
-use crate::meter::window::WindowSnapshot;
+use crate::meter::window::{DriftView, WindowSnapshot};
 use crate::quality::sampler::{forced, key, sampled};
 use crate::route::{Ask, Dispatch, Endpoint, EndpointWindows, PickReason, Reason, Router, SloHeaders};
 
@@ -124,6 +124,7 @@ impl Tried {
 pub struct Windows<'a> {
     pub backends: &'a arc_swap::ArcSwap<std::collections::HashMap<String, WindowSnapshot>>,
     pub endpoints: &'a arc_swap::ArcSwap<EndpointWindows>,
+    pub drift: &'a arc_swap::ArcSwap<DriftView>,
 }
 
 /// Choose a backend, then an endpoint of its pool, for one attempt of a request. A backend
@@ -146,6 +147,7 @@ pub fn upstream_peer(
     for _ in 0..=8 {
         // The statistics snapshots are read per attempt and never held across an await.
         let endpoint_windows = windows.endpoints.load();
+        let drift = windows.drift.load();
         let ask = Ask {
             slo: slo_headers,
             id,
@@ -153,6 +155,7 @@ pub fn upstream_peer(
             tried_endpoints: &tried.endpoints,
             prompt,
             endpoint_windows: &endpoint_windows,
+            drift: &drift,
         };
         let choice = router.choose(snap, route, &windows.backends.load(), &ask);
         if let Some(why) = choice.shed {

@@ -8,6 +8,7 @@
 //! 3. Compliance: a backend complies with a class when each of its windowed statistics that the
 //!    class constrains meets the bound. A statistic with fewer samples than the policy's minimum
 //!    is not trusted and does not disqualify (a new backend must be able to earn its numbers).
+//!    A backend whose quality has confidently drifted (`quality::drift`) complies with no class.
 //! 4. Choice among compliant backends by the class's objective; near-ties (within 5%) go to the
 //!    less loaded of two drawn at random (power of two choices).
 //! 5. No compliant backend: best effort, the one with the fewest violated bounds, reason
@@ -56,6 +57,45 @@ pub struct Stats {
     pub hallucination_rate: Option<f64>,
 }
 
+/// A confident quality drift (`quality::drift`) as a choice sees it: the unit's mean score
+/// is worse than its reference's, and the 95% interval of the difference clears the signal's
+/// minimum effect.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Degraded {
+    pub signal: &'static str,
+    pub estimate: f64,
+    pub lower: f64,
+    pub upper: f64,
+    /// Against its peers (else against its own baseline).
+    pub peers: bool,
+}
+
+impl From<&crate::quality::drift::Drift> for Degraded {
+    fn from(d: &crate::quality::drift::Drift) -> Degraded {
+        Degraded {
+            signal: d.signal.as_str(),
+            estimate: d.estimate,
+            lower: d.lower,
+            upper: d.upper,
+            peers: matches!(d.reference, crate::quality::drift::Reference::Peers { .. }),
+        }
+    }
+}
+
+impl std::fmt::Display for Degraded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {:+.3} (95% {:.3} to {:.3}) against {}",
+            self.signal,
+            self.estimate,
+            self.lower,
+            self.upper,
+            if self.peers { "its peers" } else { "its own baseline" }
+        )
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {
     pub name: std::sync::Arc<str>,
@@ -69,6 +109,9 @@ pub struct Candidate {
     pub price_input: f64,
     pub price_output: f64,
     pub stats: Stats,
+    /// Its quality is confidently worse than its peers' or its baseline's: a bound every class
+    /// keeps, whatever its own floors (`quality.drift.drain`).
+    pub degraded: Option<Degraded>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -176,6 +219,9 @@ fn each_violation(class: &Class, c: &Candidate, p: &Policy, mut f: impl FnMut(st
         && g > b
     {
         f(format_args!("hallucination rate {g:.2} > {b:.2}"));
+    }
+    if let Some(g) = &c.degraded {
+        f(format_args!("quality_degraded: {g}"));
     }
 }
 
@@ -356,6 +402,7 @@ mod tests {
                 rated: 50,
                 hallucination_rate: Some(0.1),
             },
+            degraded: None,
         }
     }
 
@@ -410,6 +457,37 @@ mod tests {
             "{}",
             d.explanation
         );
+    }
+
+    #[test]
+    fn a_confidently_degraded_backend_is_out_for_every_class_but_still_explored() {
+        let mut bad = cand("bad-cheap", 0.5, 200.0, 10.0);
+        bad.degraded =
+            Some(Degraded { signal: "bits_per_byte", estimate: 0.5, lower: 0.4, upper: 0.6, peers: true });
+        let cands = vec![bad, cand("ok", 2.0, 200.0, 10.0)];
+        let no_floors = Class {
+            ttft_p95_ms: None,
+            tpot_p95_ms: None,
+            e2e_p95_ms: None,
+            max_perplexity: None,
+            max_hallucination_rate: None,
+            objective: Objective::Cheapest,
+        };
+        let d = decide(&no_floors, &cands, &P, NO_EXPLORE);
+        assert_eq!((d.backend, d.reason), (Some(1), Reason::Cheapest), "{}", d.explanation);
+        assert!(
+            d.explanation.contains(
+                "bad-cheap misses quality_degraded: bits_per_byte +0.500 (95% 0.400 to 0.600) against its peers"
+            ),
+            "{}",
+            d.explanation
+        );
+        // The exploration share still reaches it, so that its scores stay fresh.
+        let d = decide(&no_floors, &cands, &P, Draw { explore: 0.0, a: 0, b: 0 });
+        assert_eq!((d.backend, d.reason), (Some(0), Reason::Explore));
+        // Alone, it still serves (best effort): draining adds no failure mode.
+        let d = decide(&no_floors, &cands[..1], &P, NO_EXPLORE);
+        assert_eq!((d.backend, d.reason), (Some(0), Reason::SlaUnmet));
     }
 
     #[test]

@@ -6,11 +6,14 @@
 //!    endpoints whose server reports a queue or KV cache past its threshold are saturated and
 //!    out while any other is left. A signal that is unknown (the scrape failed or went stale)
 //!    does not disqualify.
-//! 2. Score the rest, each signal 0-1 across the pool, weighted: queue (the server's waiting +
+//! 2. Drain: endpoints whose quality has confidently drifted from their peers'
+//!    (`quality::drift`) are out while any other is left, except for a `degraded_probe` share
+//!    of choices that keeps scoring them, so that one that recovers comes back.
+//! 3. Score the rest, each signal 0-1 across the pool, weighted: queue (the server's waiting +
 //!    running, or goodput's own outstanding count when that is higher or the server's is
 //!    unknown), KV-cache headroom, prefix affinity (the share of the prompt's leading blocks
 //!    recently sent there) and goodput's measured TTFT p95 (trusted windows only).
-//! 3. The best; near-ties go to the less loaded of two drawn (power of two choices).
+//! 4. The best; near-ties go to the less loaded of two drawn (power of two choices).
 //!
 //! `pick` is pure: views and draws come in as arguments, so each choice replays in a test and
 //! the decision log explains it after the fact.
@@ -21,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt::Write;
 use std::sync::Arc;
 
-use super::decide::Draw;
+use super::decide::{Degraded, Draw};
 use crate::config::{PoolPolicy, PoolSettings};
 
 /// One endpoint as a choice sees it.
@@ -40,6 +43,8 @@ pub struct EndpointView {
     pub matched: u32,
     /// goodput's TTFT p95 of the endpoint, when its window has enough samples.
     pub ttft_p95_ms: Option<f64>,
+    /// Its quality has confidently drifted from its peers'.
+    pub degraded: Option<Degraded>,
 }
 
 impl EndpointView {
@@ -91,6 +96,10 @@ pub enum PickReason {
     /// No endpoint's breaker lets a request through: the least loaded (goodput adds no
     /// failure mode; the upstream's answer is what the client gets).
     NoHealthyEndpoint,
+    /// An endpoint whose quality drifted was drained from this choice.
+    QualityDegraded,
+    /// The `degraded_probe` share: a drained endpoint, so that its scores stay fresh.
+    QualityProbe,
     /// `policy: round_robin`.
     RoundRobin,
     /// `policy: least_outstanding`.
@@ -98,22 +107,27 @@ pub enum PickReason {
 }
 
 impl PickReason {
-    pub const COUNT: usize = 11;
+    pub const COUNT: usize = 13;
+
+    /// Every reason's name, in declaration order.
+    pub const NAMES: [&'static str; PickReason::COUNT] = [
+        "only_endpoint",
+        "prefix_hit",
+        "least_queue",
+        "kv_headroom",
+        "lowest_latency",
+        "near_tie",
+        "fallback_unknown",
+        "all_saturated",
+        "no_healthy_endpoint",
+        "quality_degraded",
+        "quality_probe",
+        "round_robin",
+        "least_outstanding",
+    ];
 
     pub fn as_str(self) -> &'static str {
-        match self {
-            PickReason::OnlyEndpoint => "only_endpoint",
-            PickReason::PrefixHit => "prefix_hit",
-            PickReason::LeastQueue => "least_queue",
-            PickReason::KvHeadroom => "kv_headroom",
-            PickReason::LowestLatency => "lowest_latency",
-            PickReason::NearTie => "near_tie",
-            PickReason::FallbackUnknown => "fallback_unknown",
-            PickReason::AllSaturated => "all_saturated",
-            PickReason::NoHealthyEndpoint => "no_healthy_endpoint",
-            PickReason::RoundRobin => "round_robin",
-            PickReason::LeastOutstanding => "least_outstanding",
-        }
+        PickReason::NAMES[self as usize]
     }
 }
 
@@ -217,13 +231,45 @@ fn pick_with(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw, expla
             },
         };
     }
+    // Drain what drifted while anything else is left; a probe share still goes there.
+    let degraded = open.iter().filter(|&&i| eps[i].degraded.is_some()).count();
+    let drained = degraded > 0 && degraded < open.len();
+    if drained {
+        let of = |i: &usize| eps[*i].degraded.map(|g| (*i, g));
+        if d.explore < p.degraded_probe {
+            let (i, g) = open.iter().filter_map(of).nth(d.a % degraded).expect("counted");
+            return Pick {
+                index: Some(i),
+                reason: PickReason::QualityProbe,
+                explanation: if explain {
+                    format!(
+                        "quality_probe: {} (share {:.0}%), drained for {g}{why}",
+                        eps[i].label,
+                        p.degraded_probe * 100.0
+                    )
+                } else {
+                    String::new()
+                },
+            };
+        }
+        if explain {
+            for (i, g) in open.iter().filter_map(of) {
+                let _ = write!(why, "; {} drained ({g})", eps[i].label);
+            }
+        }
+    } else if explain && degraded > 0 {
+        let _ = write!(why, "; every open endpoint's quality drifted: none drained");
+    }
+    let open: Idx =
+        if drained { open.into_iter().filter(|&i| eps[i].degraded.is_none()).collect() } else { open };
     if open.len() == 1 {
         let i = open[0];
+        let reason = if drained { PickReason::QualityDegraded } else { PickReason::OnlyEndpoint };
         return Pick {
             index: Some(i),
-            reason: PickReason::OnlyEndpoint,
+            reason,
             explanation: if explain {
-                format!("only_endpoint: {}{why}", eps[i].label)
+                format!("{}: {}{why}", reason.as_str(), eps[i].label)
             } else {
                 String::new()
             },
@@ -290,7 +336,9 @@ fn pick_with(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw, expla
             _ => PickReason::LowestLatency,
         }
     };
-    let reason = if !matches!(reason, PickReason::PrefixHit) && !open.iter().any(|&i| eps[i].known()) {
+    let reason = if drained {
+        PickReason::QualityDegraded
+    } else if !matches!(reason, PickReason::PrefixHit) && !open.iter().any(|&i| eps[i].known()) {
         PickReason::FallbackUnknown
     } else {
         reason
@@ -419,10 +467,53 @@ mod tests {
             kv_cache: kv,
             matched: 0,
             ttft_p95_ms: None,
+            degraded: None,
         }
     }
 
     const D: Draw = Draw { explore: 0.5, a: 0, b: 1 };
+
+    #[test]
+    fn a_degraded_endpoint_is_drained_but_probed() {
+        let p = PoolSettings::default();
+        let g = Degraded { signal: "bits_per_byte", estimate: 1.2, lower: 0.9, upper: 1.5, peers: true };
+        // b has the shorter queue and would win, but its quality drifted.
+        let mut eps =
+            [ep("a", 0, Some(3.0), Some(0.1)), ep("b", 0, Some(0.0), Some(0.1)), ep("c", 0, Some(3.0), None)];
+        eps[1].degraded = Some(g);
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!(k.reason, PickReason::QualityDegraded, "{}", k.explanation);
+        assert_ne!(k.index, Some(1));
+        assert!(
+            k.explanation
+                .contains("; b drained (bits_per_byte +1.200 (95% 0.900 to 1.500) against its peers)"),
+            "{}",
+            k.explanation
+        );
+        // The probe share still reaches it.
+        let k = pick(&p, &eps, 0, Draw { explore: 0.01, a: 7, b: 0 });
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::QualityProbe), "{}", k.explanation);
+        assert!(k.explanation.starts_with("quality_probe: b (share 5%), drained for bits_per_byte"));
+        let off = PoolSettings { degraded_probe: 0.0, ..p.clone() };
+        assert_eq!(
+            pick(&off, &eps, 0, Draw { explore: 0.0, a: 1, b: 0 }).reason,
+            PickReason::QualityDegraded
+        );
+        // Two endpoints, one drained: the other, named as the drain's choice.
+        let k = pick(&p, &eps[..2], 0, D);
+        assert_eq!((k.index, k.reason), (Some(0), PickReason::QualityDegraded), "{}", k.explanation);
+        // Every open endpoint drifted (against their baselines): none is drained.
+        eps[0].degraded = Some(g);
+        eps[2].degraded = Some(g);
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::LeastQueue), "{}", k.explanation);
+        // A saturated healthy endpoint is not a reason to keep a degraded one... unless it is the
+        // only other: saturation filters first, then the drain keeps at least one.
+        let mut eps = [ep("a", 0, Some(9.0), Some(0.1)), ep("b", 0, Some(0.0), Some(0.1))];
+        eps[1].degraded = Some(g);
+        let k = pick(&p, &eps, 0, D);
+        assert_eq!((k.index, k.reason), (Some(1), PickReason::OnlyEndpoint), "{}", k.explanation);
+    }
 
     #[test]
     fn the_shorter_queue_wins_and_says_so() {

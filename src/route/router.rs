@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::breaker::{Breaker, BreakerConfig};
-use super::decide::{Candidate, Class, Decision, Draw, Policy, Reason, Stats, choose, decide};
+use super::decide::{Candidate, Class, Decision, Degraded, Draw, Policy, Reason, Stats, choose, decide};
 use super::pool::{EndpointView, PickReason, PrefixIndex};
 use crate::config::reload::{ResolvedRoute, Snapshot};
-use crate::meter::window::WindowSnapshot;
+use crate::meter::window::{DriftView, WindowSnapshot};
 
 /// One replica of a backend: where it is, what goodput has sent it, its breaker and what its
 /// server reports. Kept across reloads and DNS refreshes while its address stays in the pool; a
@@ -83,6 +83,7 @@ impl Endpoint {
             kv_cache: r.and_then(|r| r.kv_cache_usage),
             matched,
             ttft_p95_ms,
+            degraded: None,
         }
     }
 }
@@ -213,6 +214,7 @@ impl BackendState {
                     let matched = ix.as_ref().map_or(0, |ix| ix.matched(&e.label, ask.blocks));
                     let mut v = e.view(now, matched, (ask.ttft_p95_ms)(&e.label));
                     v.healthy &= !ask.tried.iter().any(|t| Arc::ptr_eq(t, e));
+                    v.degraded = (ask.degraded)(&e.label);
                     v
                 })
                 .collect()
@@ -249,6 +251,8 @@ pub struct PoolAsk<'a> {
     pub blocks: &'a [u64],
     /// goodput's TTFT p95 of an endpoint by label, where its window is trusted.
     pub ttft_p95_ms: &'a dyn Fn(&str) -> Option<f64>,
+    /// An endpoint's confident quality drift, by label, where drift drains.
+    pub degraded: &'a dyn Fn(&str) -> Option<Degraded>,
     /// Endpoints that already failed this request.
     pub tried: &'a [Arc<Endpoint>],
 }
@@ -418,6 +422,8 @@ pub struct Ask<'a> {
     pub prompt: Option<&'a [u8]>,
     /// The recorder's per-endpoint windows, by backend then endpoint label.
     pub endpoint_windows: &'a EndpointWindows,
+    /// The recorder's drift signals.
+    pub drift: &'a DriftView,
 }
 
 pub use crate::meter::window::EndpointWindows;
@@ -526,9 +532,11 @@ impl Router {
         snap: &Snapshot,
         route: &ResolvedRoute,
         local: &HashMap<String, WindowSnapshot>,
+        drift: &DriftView,
     ) -> Vec<Candidate> {
         let remote = self.remote.load();
         let now = Instant::now();
+        let drain = snap.config.quality.drift.drain && !drift.backends.is_empty();
         route
             .candidates
             .iter()
@@ -547,6 +555,7 @@ impl Router {
                     price_input: b.price.input_per_1m,
                     price_output: b.price.output_per_1m,
                     stats,
+                    degraded: if drain { drift.backend(&b.name).map(Degraded::from) } else { None },
                 }
             })
             .collect()
@@ -565,7 +574,7 @@ impl Router {
         ask: &Ask<'_>,
     ) -> Choice {
         let tried = ask.tried;
-        let mut cands = self.candidates(snap, route, local);
+        let mut cands = self.candidates(snap, route, local, ask.drift);
         for (k, &i) in route.candidates.iter().enumerate() {
             if tried.contains(&i) {
                 cands[k].healthy = false;
@@ -624,8 +633,16 @@ impl Router {
                 .and_then(|w| w.ttft.p95)
                 .map(|s| s * 1000.0)
         };
-        let pool_ask =
-            PoolAsk { settings: &b.pool, blocks: &blocks, ttft_p95_ms: &ttft, tried: ask.tried_endpoints };
+        let drain = snap.config.quality.drift.drain && ask.drift.endpoints.contains_key(&*b.name);
+        let degraded =
+            |label: &str| if drain { ask.drift.endpoint(&b.name, label).map(Degraded::from) } else { None };
+        let pool_ask = PoolAsk {
+            settings: &b.pool,
+            blocks: &blocks,
+            ttft_p95_ms: &ttft,
+            degraded: &degraded,
+            tried: ask.tried_endpoints,
+        };
         let pool_draw = super::router::draw(ask.id.rotate_left(17) ^ ask.tried_endpoints.len() as u64);
         let picked = b.state.pick(&pool_ask, pool_draw);
         let counter = || self.metric.with_label_values(&[&*route.name, &*b.name, reason.as_str()]);
