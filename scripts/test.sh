@@ -13,7 +13,10 @@ llm="$(scripts/setup-llm.sh | tail -1)"
 read -r GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR <<< "$llm"
 export GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR
 # vLLM's CPU build serving the same SmolLM2 (tests/e2e_vllm.rs), and a second replica of it
-# (tests/e2e_vllm_pool.rs: routing within a pool). Their start-up is minutes, most of it a
+# (tests/e2e_vllm_pool.rs: routing within a pool). The second is degraded as a bad deploy would
+# degrade it (scripts/run-vllm-degraded.sh sampling): its default temperature is 1.8, so requests
+# that set their own are served as by the first, and those that do not get gibberish
+# (tests/e2e_vllm_drift.rs: drift detected, alerted and drained). Their start-up is minutes, most of it a
 # warm-up compile, so they start once, now, and compile while the suite builds; the tests wait
 # for them. At lower CPU priority, like llama.cpp: the client and goodput, whose clocks the
 # tests compare, go first. --max-num-seqs 4: a queue forms in seconds on two cores; a KV cache
@@ -26,7 +29,7 @@ GOODPUT_VLLM2_LOG="$(mktemp -t goodput-vllm2.XXXXXX.log)"
 VLLM_PORT="$GOODPUT_VLLM_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 \
   --num-gpu-blocks-override 32 > "$GOODPUT_VLLM_LOG" 2>&1 &
 VLLM_PID=$!
-VLLM_PORT="$GOODPUT_VLLM2_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 \
+VLLM_PORT="$GOODPUT_VLLM2_PORT" setsid nice -n 10 scripts/run-vllm-degraded.sh sampling 1.8 --max-num-seqs 4 \
   --num-gpu-blocks-override 32 > "$GOODPUT_VLLM2_LOG" 2>&1 &
 VLLM2_PID=$!
 # vLLM's engine runs in a child process: stop each whole group, politely first.

@@ -7,7 +7,11 @@ generation_config.json, and the tokenizer files that scripts/models/gguf_tokeniz
 llama.cpp stores the Q and K projections with their rows permuted for its rope layout; they are
 permuted back (as gguf_to_onnx.py does), so that Hugging Face's rotate_half RoPE applies.
 
-Usage: gguf_to_hf.py MODEL.gguf TOKENIZER_DIR OUT_DIR
+With --requantize BITS, every linear layer's weights are quantized again, coarser: blocks of
+32 along each row, symmetric, round to nearest, BITS bits (embeddings and norms kept). That is
+a damaged copy of the same model, as a bad quantization makes one (scripts/run-vllm-degraded.sh).
+
+Usage: gguf_to_hf.py MODEL.gguf TOKENIZER_DIR OUT_DIR [--requantize BITS]
 """
 import json, os, shutil, sys
 
@@ -17,8 +21,28 @@ from safetensors.numpy import save_file
 from gguf_weights import load, meta, unpermute
 
 
+def requantize(w, bits, block=32):
+    """w quantized to `bits` bits per weight in row blocks of `block` (symmetric absmax), back
+    in float32."""
+    rows, cols = w.shape
+    assert cols % block == 0, (w.shape, block)
+    b = w.astype(np.float32).reshape(rows, cols // block, block)
+    levels = 2 ** (bits - 1) - 1
+    scale = np.abs(b).max(axis=2, keepdims=True) / levels
+    scale[scale == 0] = 1.0
+    return (np.clip(np.round(b / scale), -levels, levels) * scale).reshape(rows, cols).astype(np.float32)
+
+
 def main():
-    path, tokdir, out = sys.argv[1], sys.argv[2], sys.argv[3]
+    args = sys.argv[1:]
+    bits = None
+    if "--requantize" in args:
+        i = args.index("--requantize")
+        bits = int(args[i + 1])
+        if not 2 <= bits <= 8:
+            sys.exit("--requantize takes 2 to 8 bits")
+        del args[i:i + 2]
+    path, tokdir, out = args[0], args[1], args[2]
     r, W = load(path)
     n_layer = int(meta(r, "llama.block_count"))
     d = int(meta(r, "llama.embedding_length"))
@@ -40,6 +64,9 @@ def main():
         hf[q + "self_attn.k_proj.weight"] = unpermute(W[p + "attn_k.weight"], n_kv, hd)
         for g, h in names.items():
             hf[q + h + ".weight"] = W[p + g + ".weight"]
+        if bits is not None:
+            for k in [k for k in hf if k.startswith(q) and k.endswith("proj.weight")]:
+                hf[k] = requantize(hf[k], bits)
     os.makedirs(out, exist_ok=True)
     save_file({k: np.ascontiguousarray(v) for k, v in hf.items()}, os.path.join(out, "model.safetensors"),
               metadata={"format": "pt"})
