@@ -533,7 +533,7 @@ async fn quality_is_measured_per_endpoint() {
     let yaml = pool_yaml(
         &[format!("http://{good_addr}"), format!("http://{poor_addr}")],
         "quality:\n  consistency: {sample_rate: 1.0, samples: 3, methods: [unigram], max_token_share: 100}\n\
-         \x20 drift: {min_samples: 3, min_effect_consistency: 0.0}\n",
+         \x20 drift: {min_samples: 3, min_effect_consistency: 0.0, drain_on: [consistency]}\n",
     );
     let gp = Goodput::start(&yaml);
     let (g, p) = (good_addr.to_string(), poor_addr.to_string());

@@ -60,7 +60,7 @@ pub struct PoolSettings {
     pub near_tie: f64,
     pub prefix: PrefixSettings,
     /// The share of choices that still go to an endpoint drained for degraded quality, so that
-    /// its scores stay fresh and it returns when it recovers (`quality.drift.drain`).
+    /// its scores stay fresh and it returns when it recovers (`quality.drift.drain_on`).
     pub degraded_probe: f64,
 }
 

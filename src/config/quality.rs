@@ -39,9 +39,11 @@ pub struct DriftConfig {
     pub min_effect_consistency: f64,
     /// The baseline window of a unit without peers (it includes the quality window).
     pub baseline_secs: u64,
-    /// Route around what drifted: a backend with a confident drift complies with no class, and
-    /// a pool endpoint with one is drained but for its pool's `degraded_probe` share.
-    pub drain: bool,
+    /// Route around a confident drift of these signals: such a backend complies with no
+    /// class, and such a pool endpoint is drained but for its pool's `degraded_probe` share.
+    /// Bits per byte only by default: a fault that makes answers uniform (a broken template)
+    /// lowers the consistency score, and between two replicas the healthy one then looks worse.
+    pub drain_on: Vec<crate::quality::drift::Signal>,
 }
 
 impl Default for DriftConfig {
@@ -51,7 +53,7 @@ impl Default for DriftConfig {
             min_effect_bits_per_byte: 0.1,
             min_effect_consistency: 0.05,
             baseline_secs: 21_600,
-            drain: true,
+            drain_on: vec![crate::quality::drift::Signal::BitsPerByte],
         }
     }
 }

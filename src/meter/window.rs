@@ -541,6 +541,36 @@ impl MomentWindow {
     }
 }
 
+/// Drift by backend, and by backend then endpoint (absent: too few scores). The recorder
+/// publishes it; the router drains what is confidently worse.
+#[derive(Debug, Default)]
+pub struct DriftView {
+    pub backends: HashMap<String, Vec<Drift>>,
+    pub endpoints: HashMap<String, HashMap<String, Vec<Drift>>>,
+}
+
+impl DriftView {
+    /// A backend's confident drift in one of `signals`, if any.
+    pub fn backend(&self, name: &str, signals: &[Signal]) -> Option<&Drift> {
+        confident(self.backends.get(name)?, signals)
+    }
+
+    /// An endpoint's confident drift in one of `signals`, if any.
+    pub fn endpoint(&self, backend: &str, label: &str, signals: &[Signal]) -> Option<&Drift> {
+        confident(self.endpoints.get(backend)?.get(label)?, signals)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.backends.is_empty() && self.endpoints.is_empty()
+    }
+}
+
+/// The first confident drift of `signals`, in `Signal::ALL` order (bits per byte, then
+/// consistency).
+fn confident<'a>(ds: &'a [Drift], signals: &[Signal]) -> Option<&'a Drift> {
+    ds.iter().find(|d| d.confident && signals.contains(&d.signal))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -681,33 +711,30 @@ mod tests {
         assert_eq!(s.counts.requests, 1);
         assert!((s.ttft.p50.unwrap() - 0.030).abs() < 0.001);
     }
-}
 
-/// Drift by backend, and by backend then endpoint (absent: too few scores). The recorder
-/// publishes it; the router drains what is confidently worse.
-#[derive(Debug, Default)]
-pub struct DriftView {
-    pub backends: HashMap<String, Vec<Drift>>,
-    pub endpoints: HashMap<String, HashMap<String, Vec<Drift>>>,
-}
-
-impl DriftView {
-    /// A backend's confident drift, if any.
-    pub fn backend(&self, name: &str) -> Option<&Drift> {
-        confident(self.backends.get(name)?)
+    #[test]
+    fn a_drift_drains_only_in_the_signals_asked_for() {
+        use crate::quality::drift::Reference;
+        let d = |signal, confident| Drift {
+            signal,
+            estimate: 0.3,
+            lower: 0.2,
+            upper: 0.4,
+            n: 20,
+            reference_n: 20,
+            reference: Reference::Baseline,
+            confident,
+        };
+        let mut v = DriftView::default();
+        v.endpoints
+            .entry("pool".into())
+            .or_default()
+            .insert("a:1".into(), vec![d(Signal::BitsPerByte, false), d(Signal::Consistency, true)]);
+        v.backends.insert("pool".into(), vec![d(Signal::BitsPerByte, true)]);
+        assert!(v.endpoint("pool", "a:1", &[Signal::BitsPerByte]).is_none());
+        assert_eq!(v.endpoint("pool", "a:1", &Signal::ALL).map(|d| d.signal), Some(Signal::Consistency));
+        assert!(v.endpoint("pool", "b:1", &Signal::ALL).is_none());
+        assert!(v.backend("pool", &[Signal::BitsPerByte]).is_some());
+        assert!(v.backend("pool", &[]).is_none());
     }
-
-    /// An endpoint's confident drift, if any.
-    pub fn endpoint(&self, backend: &str, label: &str) -> Option<&Drift> {
-        confident(self.endpoints.get(backend)?.get(label)?)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.backends.is_empty() && self.endpoints.is_empty()
-    }
-}
-
-/// The first confident signal, in `Signal::ALL` order (bits per byte, then consistency).
-fn confident(ds: &[Drift]) -> Option<&Drift> {
-    ds.iter().find(|d| d.confident)
 }

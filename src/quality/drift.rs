@@ -57,7 +57,7 @@ impl Moments {
 }
 
 /// A quality score per response; higher is worse for both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Signal {
     /// Bits per byte of the response under the reference LM.

@@ -110,7 +110,7 @@ pub struct Candidate {
     pub price_output: f64,
     pub stats: Stats,
     /// Its quality is confidently worse than its peers' or its baseline's: a bound every class
-    /// keeps, whatever its own floors (`quality.drift.drain`).
+    /// keeps, whatever its own floors (`quality.drift.drain_on`).
     pub degraded: Option<Degraded>,
 }
 

@@ -536,7 +536,8 @@ impl Router {
     ) -> Vec<Candidate> {
         let remote = self.remote.load();
         let now = Instant::now();
-        let drain = snap.config.quality.drift.drain && !drift.backends.is_empty();
+        let on = &snap.config.quality.drift.drain_on;
+        let drain = !on.is_empty() && !drift.backends.is_empty();
         route
             .candidates
             .iter()
@@ -555,7 +556,7 @@ impl Router {
                     price_input: b.price.input_per_1m,
                     price_output: b.price.output_per_1m,
                     stats,
-                    degraded: if drain { drift.backend(&b.name).map(Degraded::from) } else { None },
+                    degraded: if drain { drift.backend(&b.name, on).map(Degraded::from) } else { None },
                 }
             })
             .collect()
@@ -633,9 +634,11 @@ impl Router {
                 .and_then(|w| w.ttft.p95)
                 .map(|s| s * 1000.0)
         };
-        let drain = snap.config.quality.drift.drain && ask.drift.endpoints.contains_key(&*b.name);
-        let degraded =
-            |label: &str| if drain { ask.drift.endpoint(&b.name, label).map(Degraded::from) } else { None };
+        let on = &snap.config.quality.drift.drain_on;
+        let drain = !on.is_empty() && ask.drift.endpoints.contains_key(&*b.name);
+        let degraded = |label: &str| {
+            if drain { ask.drift.endpoint(&b.name, label, on).map(Degraded::from) } else { None }
+        };
         let pool_ask = PoolAsk {
             settings: &b.pool,
             blocks: &blocks,
