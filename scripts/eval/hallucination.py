@@ -19,30 +19,19 @@ Answers are held in memory only; the output has numbers.
 
 import json
 import math
-import random
 import re
 import sys
 import time
-import urllib.request
+
+import evallib
+from evallib import http
 
 gp, admin, facts_path, reps, out_path = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 MODEL = "smollm2"
 
 
-def http(url, body=None, timeout=300):
-    req = urllib.request.Request(url, data=body, headers={"content-type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return r.read()
-
-
 def metrics():
-    out = {}
-    for line in http(f"http://{admin}/metrics").decode().splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name = re.split(r"[{ ]", line, 1)[0]
-        out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
+    return evallib.metrics(admin)
 
 
 facts = []
@@ -111,28 +100,9 @@ def wilson(k, n, z=1.96):
     return [round(p, 3), round(c - h, 3), round(c + h, 3)]
 
 
-def auroc(pos, neg):
-    if not pos or not neg:
-        return None
-    wins = sum((p > n) + 0.5 * (p == n) for p in pos for n in neg)
-    return wins / (len(pos) * len(neg))
-
-
-def auroc_ci(rows, method, boots=1000):
+def auroc_ci(rows, method):
     pts = [(lab, s[method]) for lab, s, _ in rows if method in s]
-    pos = [v for lab, v in pts if lab]
-    neg = [v for lab, v in pts if not lab]
-    point = auroc(pos, neg)
-    if point is None:
-        return None
-    rnd = random.Random(7)
-    bs = []
-    for _ in range(boots):
-        p = [rnd.choice(pos) for _ in pos]
-        n = [rnd.choice(neg) for _ in neg]
-        bs.append(auroc(p, n))
-    bs.sort()
-    return [round(point, 3), round(bs[int(0.025 * boots)], 3), round(bs[int(0.975 * boots)], 3)]
+    return evallib.auroc_ci([v for lab, v in pts if lab], [v for lab, v in pts if not lab])
 
 
 def delta(m1, m0, name):
