@@ -554,20 +554,11 @@ impl DriftView {
     pub fn backend(&self, name: &str, signals: &[Signal]) -> Option<&Drift> {
         confident(self.backends.get(name)?, signals)
     }
-
-    /// An endpoint's confident drift in one of `signals`, if any.
-    pub fn endpoint(&self, backend: &str, label: &str, signals: &[Signal]) -> Option<&Drift> {
-        confident(self.endpoints.get(backend)?.get(label)?, signals)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.backends.is_empty() && self.endpoints.is_empty()
-    }
 }
 
 /// The first confident drift of `signals`, in `Signal::ALL` order (bits per byte, then
 /// consistency).
-fn confident<'a>(ds: &'a [Drift], signals: &[Signal]) -> Option<&'a Drift> {
+pub fn confident<'a>(ds: &'a [Drift], signals: &[Signal]) -> Option<&'a Drift> {
     ds.iter().find(|d| d.confident && signals.contains(&d.signal))
 }
 
@@ -731,9 +722,9 @@ mod tests {
             .or_default()
             .insert("a:1".into(), vec![d(Signal::BitsPerByte, false), d(Signal::Consistency, true)]);
         v.backends.insert("pool".into(), vec![d(Signal::BitsPerByte, true)]);
-        assert!(v.endpoint("pool", "a:1", &[Signal::BitsPerByte]).is_none());
-        assert_eq!(v.endpoint("pool", "a:1", &Signal::ALL).map(|d| d.signal), Some(Signal::Consistency));
-        assert!(v.endpoint("pool", "b:1", &Signal::ALL).is_none());
+        let a = &v.endpoints["pool"]["a:1"];
+        assert!(confident(a, &[Signal::BitsPerByte]).is_none());
+        assert_eq!(confident(a, &Signal::ALL).map(|d| d.signal), Some(Signal::Consistency));
         assert!(v.backend("pool", &[Signal::BitsPerByte]).is_some());
         assert!(v.backend("pool", &[]).is_none());
     }

@@ -14,7 +14,7 @@ use super::breaker::{Breaker, BreakerConfig};
 use super::decide::{Candidate, Class, Decision, Degraded, Draw, Policy, Reason, Stats, choose, decide};
 use super::pool::{EndpointView, PickReason, PrefixIndex};
 use crate::config::reload::{ResolvedRoute, Snapshot};
-use crate::meter::window::{DriftView, WindowSnapshot};
+use crate::meter::window::{DriftView, WindowSnapshot, confident};
 
 /// One replica of a backend: where it is, what goodput has sent it, its breaker and what its
 /// server reports. Kept across reloads and DNS refreshes while its address stays in the pool; a
@@ -635,10 +635,9 @@ impl Router {
                 .map(|s| s * 1000.0)
         };
         let on = &snap.config.quality.drift.drain_on;
-        let drain = !on.is_empty() && ask.drift.endpoints.contains_key(&*b.name);
-        let degraded = |label: &str| {
-            if drain { ask.drift.endpoint(&b.name, label, on).map(Degraded::from) } else { None }
-        };
+        // The pool's drift, looked up once per choice (none: nothing drains).
+        let pool_drift = if on.is_empty() { None } else { ask.drift.endpoints.get(&*b.name) };
+        let degraded = |label: &str| confident(pool_drift?.get(label)?, on).map(Degraded::from);
         let pool_ask = PoolAsk {
             settings: &b.pool,
             blocks: &blocks,
