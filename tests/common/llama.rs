@@ -2,7 +2,7 @@
 //! serving SmolLM2-135M. `scripts/setup-llm.sh` installs it (cached); `scripts/test.sh` exports
 //! where it is.
 
-use super::{free_port, send, temp_dir};
+use super::{free_port, probe, temp_dir};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -57,16 +57,8 @@ pub async fn start_llama(llm: &Llm) -> Llama {
     let llama = Llama { child, port, log };
     let t = Instant::now();
     loop {
-        if let Ok(s) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-            drop(s);
-            let r = send(
-                format!("127.0.0.1:{port}").parse().unwrap(),
-                http::Request::get("/v1/models").body(Default::default()).unwrap(),
-            )
-            .await;
-            if r.status == 200 {
-                return llama;
-            }
+        if probe(format!("127.0.0.1:{port}").parse().unwrap(), "/v1/models").await == Some(200) {
+            return llama;
         }
         assert!(
             t.elapsed() < Duration::from_secs(120),

@@ -224,6 +224,18 @@ pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Reply {
     read_reply(resp, sent_at).await
 }
 
+/// The status of `GET path`, or None when the server is not answering yet. A server that is
+/// still starting may accept a connection and then reset it (seen with llama.cpp's uvicorn), so
+/// a readiness probe must not treat a transport error as fatal.
+pub async fn probe(addr: SocketAddr, path: &str) -> Option<u16> {
+    let stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.ok()?;
+    tokio::spawn(conn);
+    let req = Request::get(path).header("host", addr.to_string()).body(Full::<Bytes>::default()).ok()?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req)).await.ok()?.ok()?;
+    Some(resp.status().as_u16())
+}
+
 pub async fn read_reply(resp: Response<Incoming>, sent_at: Instant) -> Reply {
     let (parts, mut body) = resp.into_parts();
     let mut frames = Vec::new();

@@ -2,7 +2,7 @@
 //! `smollm2`. `scripts/test.sh` starts it once for the whole run (`scripts/run-vllm.sh`; it
 //! takes minutes) and exports where it listens; the tests share it one at a time.
 
-use super::send;
+use super::{probe, send};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Command;
@@ -61,11 +61,8 @@ async fn ready(prefix: &str) -> Vllm {
             give_up();
             panic!("vLLM exited:\n{}", v.tail());
         }
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            let r = send(addr, http::Request::get("/v1/models").body(Default::default()).unwrap()).await;
-            if r.status == 200 {
-                return v;
-            }
+        if probe(addr, "/v1/models").await == Some(200) {
+            return v;
         }
         if t.elapsed() > Duration::from_secs(900) {
             give_up();
