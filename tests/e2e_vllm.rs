@@ -219,7 +219,9 @@ async fn queueing_seen_the_way_vllm_sees_it() {
         let child = std::process::Command::new(env!("CARGO_BIN_EXE_goodput"))
             .args(["bench", "--target", &format!("http://{}", gp.proxy), "--model", "smollm2"])
             .args(["--rate", &rate.to_string(), "--num-requests", &n.to_string()])
-            .args(["--input-len", "32", "--output-len", "24", "--ignore-eos", "--quiet"])
+            // 64 tokens each: with a core to itself and --max-num-seqs 4, vLLM serves ~3 such
+            // requests/s here, so 6/s is well past capacity (at 24 tokens it nearly kept up).
+            .args(["--input-len", "32", "--output-len", "64", "--ignore-eos", "--quiet"])
             .args(["--goodput", "ttft:1000", "--label", label, "--json"])
             .arg(&json)
             .stdout(std::process::Stdio::null())
