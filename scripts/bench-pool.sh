@@ -15,7 +15,7 @@ read -r VENV _ <<< "$(scripts/setup-vllm.sh | tail -1)"
 cargo build --release --quiet
 OUT=target/bench; mkdir -p "$OUT"
 PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill -TERM -- -"$p" 2>/dev/null || kill "$p" 2>/dev/null; done; true' EXIT
+trap 'for p in "${PIDS[@]}"; do kill -TERM -- -"$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done' EXIT
 wait_up() { for _ in $(seq 900); do curl -sf "$1/v1/models" >/dev/null && return 0; sleep 1; done; echo "$1 did not start" >&2; exit 1; }
 if [ -z "${VLLM_A:-}" ]; then
   # One core each (vLLM's automatic binding would put both on core 0).

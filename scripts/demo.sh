@@ -25,7 +25,7 @@ ADMIN="${ADMIN:-127.0.0.1:9464}"
 mkdir -p target/demo
 
 pids=()
-trap 'for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null; done; true' EXIT INT TERM
+trap 'for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null || kill "$p" 2>/dev/null || true; done' EXIT INT TERM
 case "$SERVER" in
   vllm)
     read -r VLLM_VENV _ <<< "$(scripts/setup-vllm.sh | tail -1)"

@@ -33,8 +33,10 @@ VLLM_PID=$!
 VLLM_CPU_OMP_THREADS_BIND=1 VLLM_PORT="$GOODPUT_VLLM2_PORT" setsid nice -n 10 scripts/run-vllm-degraded.sh sampling 1.8 --max-num-seqs 4 \
   --num-gpu-blocks-override 32 > "$GOODPUT_VLLM2_LOG" 2>&1 &
 VLLM2_PID=$!
-# vLLM's engine runs in a child process: stop each whole group, politely first.
-trap 'kill -TERM -- -$VLLM_PID -$VLLM2_PID 2>/dev/null; sleep 3; kill -KILL -- -$VLLM_PID -$VLLM2_PID 2>/dev/null; true' EXIT
+# vLLM's engine runs in a child process: stop each whole group, politely first. set -e holds
+# inside the trap too, and kill fails on a group that has already exited: `|| true`, or a green
+# run would end with status 1 whenever vLLM stopped within the grace period.
+trap 'kill -TERM -- -$VLLM_PID -$VLLM2_PID 2>/dev/null || true; sleep 3; kill -KILL -- -$VLLM_PID -$VLLM2_PID 2>/dev/null || true' EXIT
 export GOODPUT_VLLM_VENV GOODPUT_VLLM_LOG GOODPUT_VLLM_PID="$VLLM_PID" \
   GOODPUT_VLLM_URL="http://127.0.0.1:$GOODPUT_VLLM_PORT" \
   GOODPUT_VLLM2_LOG GOODPUT_VLLM2_PID="$VLLM2_PID" GOODPUT_VLLM2_URL="http://127.0.0.1:$GOODPUT_VLLM2_PORT"
