@@ -180,7 +180,7 @@ async def main():
     ap.add_argument("--max-tokens", type=int, default=8)
     ap.add_argument("--slo-ms", type=float, default=1000)
     ap.add_argument("--warmup", type=int, default=1, help="0: skip the warm-up requests")
-    ap.add_argument("--slo-grid", default="2000,4000,8000,16000", help="more SLOs (ms) to read attainment at")
+    ap.add_argument("--slo-grid", default="500,1000,2000,4000", help="more SLOs (ms) to read attainment at")
     args = ap.parse_args()
     gps = [g.split("=", 1) for g in args.gp]
     results = {}
