@@ -124,7 +124,7 @@ async fn a_queue_goodput_does_not_see_moves_its_picks_to_the_other_replica() {
 }
 
 /// One mode of the prefix experiment: `rounds` of the same six long system prompts (fresh ones
-/// per mode), each with a new question, one at a time. Returns vLLM's prefix-cache hit ratio
+/// per mode), each with a new question, from two clients at once. Returns vLLM's prefix-cache hit ratio
 /// over the pool, goodput's TTFTs, and which endpoints each prompt went to.
 async fn shared_prefixes(
     gp: &Goodput,
@@ -142,14 +142,18 @@ async fn shared_prefixes(
         .collect();
     let count = |m: &HashMap<String, f64>, k: &str| m.get(k).copied().unwrap_or(0.0);
     let (qa, qb) = (a.metrics().await, b.metrics().await);
-    // Two clients at once, each with three of the prompts: a replica that is busy with one
-    // request is a little less attractive, so the first round spreads the prompts.
-    let worker = |ks: std::ops::Range<usize>| {
+    // Two clients at once, each going through all six prompts, the second half a cycle behind.
+    // Not three prompts each: with two replicas of the same speed the clients move in step, and
+    // round robin's counter then sends one client's every request to A and the other's to B,
+    // an affinity by accident that no real traffic has (seen in CI once each replica got a core
+    // of its own).
+    let n_prompts = systems.len();
+    let worker = |offset: usize| {
         let (proxy, systems) = (gp.proxy, systems.clone());
         async move {
             let mut out = Vec::new();
             for r in 0..rounds {
-                for k in ks.clone() {
+                for k in (0..n_prompts).map(|i| (i + offset) % n_prompts) {
                     let body = serde_json::json!({
                         "model": "smollm2", "stream": true, "max_tokens": 4,
                         "messages": [{"role": "system", "content": systems[k]}, {"role": "user", "content": format!("Question {r}: which section?")}],
@@ -166,7 +170,7 @@ async fn shared_prefixes(
             out
         }
     };
-    let (w0, w1) = tokio::join!(worker(0..3), worker(3..6));
+    let (w0, w1) = tokio::join!(worker(0), worker(n_prompts / 2));
     let mut went: Vec<BTreeSet<String>> = vec![BTreeSet::new(); systems.len()];
     let mut reasons = HashMap::new();
     for (k, e, why) in w0.into_iter().chain(w1) {
@@ -181,7 +185,7 @@ async fn shared_prefixes(
     let hits = count(&za, "vllm:prefix_cache_hits_total") - count(&qa, "vllm:prefix_cache_hits_total")
         + count(&zb, "vllm:prefix_cache_hits_total")
         - count(&qb, "vllm:prefix_cache_hits_total");
-    let n = rounds * systems.len();
+    let n = 2 * rounds * systems.len();
     let recs = gp.records(n).await;
     let mut ttft: Vec<f64> = recs.iter().take(n).filter_map(|r| r["ttft"].as_f64()).collect();
     ttft.sort_by(f64::total_cmp);
@@ -227,7 +231,9 @@ async fn prefix_affinity_raises_vllms_own_prefix_hits_over_round_robin() {
     assert!(went_p.iter().all(|w| w.len() == 1), "each prompt stays on one replica: {went_p:?}");
     let spread: BTreeSet<&String> = went_p.iter().flatten().collect();
     assert_eq!(spread.len(), 2, "the prompts are spread over both replicas");
-    assert!(why_p.get("prefix_hit").copied().unwrap_or(0) >= 6 * (rounds - 1) - 2, "{why_p:?}");
+    // Every request after a prompt's first is a prefix hit, but for a few near-ties and
+    // requests sent while the prompt's replica was much busier (max_load_gap).
+    assert!(why_p.get("prefix_hit").copied().unwrap_or(0) >= 12 * rounds - 6 - 4, "{why_p:?}");
     assert!(hit_p > hit_r + 0.15, "vLLM's prefix hits: picker {hit_p:.3}, round robin {hit_r:.3}");
     assert!(
         med(&ttft_p) < med(&ttft_r),
