@@ -99,6 +99,11 @@ async def skew_load(client, replica, n, stop):
     await asyncio.gather(*(one(i) for i in range(n)))
 
 
+def within(ttfts, slo):
+    """The share of requests whose TTFT met the SLO (same unit); a failed one (None) missed it."""
+    return sum(1 for t in ttfts if t is not None and t <= slo) / max(1, len(ttfts))
+
+
 async def run(client, gp, workload, args, replicas, tag):
     rng = random.Random(hash((workload, tag)) & 0xFFFF)
     stop = asyncio.Event()
@@ -131,8 +136,6 @@ async def run(client, gp, workload, args, replicas, tag):
         except asyncio.CancelledError:
             pass
     ok = sorted(t for t in ttfts if t is not None)
-    slo = args.slo_ms / 1000.0
-    met = sum(1 for t in ttfts if t is not None and t <= slo)
     pct = lambda p: ok[min(len(ok) - 1, int(p * len(ok)))] if ok else float("nan")
     return {
         "requests": len(ttfts),
@@ -140,7 +143,7 @@ async def run(client, gp, workload, args, replicas, tag):
         "why_failed": dict(FAILURES),
         "ttft_p50_ms": pct(0.5) * 1000,
         "ttft_p95_ms": pct(0.95) * 1000,
-        "slo_attainment": met / max(1, len(ttfts)),
+        "slo_attainment": within(ttfts, args.slo_ms / 1000.0),
         "prefix_hit_ratio": (h1 - h0) / (q1 - q0) if q1 > q0 else None,
         # Every request's TTFT (None: failed), so attainment can be read at any SLO afterwards.
         "ttfts_ms": [None if t is None else round(t * 1000) for t in ttfts],
@@ -159,9 +162,8 @@ async def idle(client, replicas):
 
 
 async def warm_up(client, replicas, max_tokens):
-    """A replica's first long prefills after start-up run slower than later ones (measured
-    4.3-4.6 s against ~3 s for an idle 900-token prompt): send each one a few, with prompts no
-    measured run shares, so the first policy in the order is not the one that pays for it."""
+    """A replica's first long prefills after start-up run slower than later ones: send each a
+    few, with prompts no measured run shares, so the first policy in the order does not pay."""
     for r in replicas:
         for k, system in enumerate(systems("warmup")[:3]):
             await chat(client, r, [{"role": "system", "content": system}, {"role": "user", "content": f"Warm-up {k}."}], max_tokens)
@@ -221,7 +223,7 @@ async def main():
     for w in args.workloads.split(","):
         for name, _ in gps:
             all_ttfts = [t for r in results[(w, name)] for t in r["ttfts_ms"]]
-            cells = " | ".join(f"{sum(1 for t in all_ttfts if t is not None and t <= g) / max(1, len(all_ttfts)):.2f}" for g in grid)
+            cells = " | ".join(f"{within(all_ttfts, g):.2f}" for g in grid)
             print(f"| {w} | {name} | {cells} | {len(all_ttfts)} |")
 
 
