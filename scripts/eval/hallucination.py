@@ -14,6 +14,7 @@ when it names none of the accepted answers. Phases, one request at a time:
 
 Per method: AUROC of the score for "wrong" (bootstrap 95% interval), and a reliability table
 (the verdict, or score bins for a probability method, against the observed error rate).
+Per phase and kind of question: the observed error rate beside goodput's verdicts.
 Answers are held in memory only; the output has numbers.
 """
 
@@ -72,10 +73,11 @@ def checked_total():
 
 
 def run_phase(name, temperature, n_before, questions):
-    labels = []
+    labels, kinds = [], []
     for _ in range(reps):
         for kind, q, accepted in questions:
             labels.append(0 if correct(kind, ask(q, temperature), accepted) else 1)
+            kinds.append(kind)
     # Every check finished (or failed, or was skipped) before the counters are read.
     deadline = time.time() + 1800
     while checked_total() < n_before + len(labels):
@@ -87,7 +89,7 @@ def run_phase(name, temperature, n_before, questions):
     recs.sort(key=lambda r: r["id"])
     rows = [(lab, r.get("consistency_scores") or {}, r.get("hallucinated")) for lab, r in zip(labels, recs)]
     m = metrics()
-    return rows, m, n_before + len(labels)
+    return rows, kinds, m, n_before + len(labels)
 
 
 def wilson(k, n, z=1.96):
@@ -105,6 +107,22 @@ def auroc_ci(rows, method):
     return evallib.auroc_ci([v for lab, v in pts if lab], [v for lab, v in pts if not lab])
 
 
+def by_kind(rows, kinds):
+    """Per kind of question: the observed error rate, and the share goodput's verdicts (each
+    record's `hallucinated`, what its counters add up) called hallucinated. The threshold is
+    fixed once calibrated, so this is the rate goodput reports for traffic of that kind alone."""
+    out = {}
+    for kind in sorted(set(kinds)):
+        sel = [(lab, h) for (lab, _, h), k in zip(rows, kinds) if k == kind]
+        rated = [h for _, h in sel if h is not None]
+        out[kind] = {
+            "responses": len(sel),
+            "observed_error_rate": wilson(sum(lab for lab, _ in sel), len(sel)),
+            "goodput_rate": wilson(sum(bool(h) for h in rated), len(rated)) if rated else None,
+        }
+    return out
+
+
 def delta(m1, m0, name):
     return m1.get(name, 0.0) - m0.get(name, 0.0)
 
@@ -114,7 +132,7 @@ n0 = checked_total()
 phases = {}
 prev_m, prev_n = m0, n0
 for name, temp, questions in [("calibrate", 0.7, facts[0::2]), ("validate", 0.7, facts[1::2]), ("gibberish", 1.8, facts)]:
-    rows, m, n = run_phase(name, temp, prev_n, questions)
+    rows, kinds, m, n = run_phase(name, temp, prev_n, questions)
     rated = delta(m, prev_m, "goodput_consistency_rated_total")
     halluc = delta(m, prev_m, "goodput_consistency_hallucinated_total")
     errors = sum(lab for lab, _, _ in rows)
@@ -124,11 +142,13 @@ for name, temp, questions in [("calibrate", 0.7, facts[0::2]), ("validate", 0.7,
         "observed_error_rate": wilson(errors, len(rows)),
         "goodput_rated": rated,
         "goodput_rate": wilson(int(halluc), int(rated)) if rated else None,
+        "by_kind": by_kind(rows, kinds),
         "rows": rows,
     }
     prev_m, prev_n = m, n
     print(f"{name}: {len(rows)} responses, observed error rate {phases[name]['observed_error_rate']}, "
-          f"goodput's rate {phases[name]['goodput_rate']} over {rated:.0f} rated", file=sys.stderr)
+          f"goodput's rate {phases[name]['goodput_rate']} over {rated:.0f} rated; by kind {phases[name]['by_kind']}",
+          file=sys.stderr)
 
 methods = sorted({k for p in phases.values() for _, s, _ in p["rows"] for k in s})
 healthy = phases["calibrate"]["rows"] + phases["validate"]["rows"]
