@@ -196,6 +196,9 @@ async fn picks_follow_the_queue_each_replica_reports() {
     let counted = &routes["routes"][0]["backends"][0]["endpoint_decisions"][b_addr.to_string()];
     assert_eq!(counted["least_queue"], 20, "{routes}");
     assert_eq!(metric(&m, "goodput_server_requests_waiting", &[("endpoint", &b_addr.to_string())]), 4.0);
+    assert_eq!(metric(&m, "goodput_server_metrics_up", &[("endpoint", &a_addr.to_string())]), 1.0);
+    // The double exports no preemption counter, so goodput makes up none.
+    assert!(!m.contains("goodput_server_preemptions_total{"), "{m}");
     assert_eq!(metric(&m, "goodput_pool_endpoints", &[("backend", "pool")]), 2.0);
     // /admin/backends shows each endpoint and the pool's servers together.
     let bk = gp.admin_json("/admin/backends").await;

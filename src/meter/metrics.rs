@@ -31,6 +31,17 @@ pub const OVERHEAD_BUCKETS: &[f64] =
 /// Labels of the per-request families, in this order.
 pub const REQ_LABELS: &[&str] = &["gen_ai_request_model", "backend", "route"];
 
+/// What an upstream server reported on its own /metrics, as the `goodput_server_*` series
+/// export it (`route::server` reads the server and fills this in).
+pub struct ServerGauges {
+    pub waiting: Option<f64>,
+    pub running: Option<f64>,
+    pub kv_cache_usage: Option<f64>,
+    pub prefix_cache_hit_ratio: Option<f64>,
+    /// Preemptions since the previous reading; `None` where the server exports none.
+    pub preempted: Option<f64>,
+}
+
 #[derive(Clone)]
 pub struct Metrics {
     pub registry: Registry,
@@ -591,19 +602,12 @@ impl Metrics {
         out
     }
 
-    /// Refresh the gauges read from the process and the runtime, just before a scrape.
     /// A backend's server state as the last scrape gave it; `None` removes the gauges.
-    pub fn set_server(
-        &self,
-        backend: &str,
-        endpoint: &str,
-        view: Option<&crate::route::server::ServerView>,
-        preempted: f64,
-    ) {
+    pub fn set_server(&self, backend: &str, endpoint: &str, view: Option<&ServerGauges>) {
         let gauges = [
-            (&self.server_waiting, view.and_then(|v| v.reading.waiting)),
-            (&self.server_running, view.and_then(|v| v.reading.running)),
-            (&self.server_kv_cache_usage, view.and_then(|v| v.reading.kv_cache_usage)),
+            (&self.server_waiting, view.and_then(|v| v.waiting)),
+            (&self.server_running, view.and_then(|v| v.running)),
+            (&self.server_kv_cache_usage, view.and_then(|v| v.kv_cache_usage)),
             (&self.server_prefix_hit_ratio, view.and_then(|v| v.prefix_cache_hit_ratio)),
         ];
         for (g, x) in gauges {
@@ -614,8 +618,8 @@ impl Metrics {
                 }
             }
         }
-        if view.is_some_and(|v| v.reading.preemptions.is_some()) {
-            self.server_preemptions.with_label_values(&[backend, endpoint]).inc_by(preempted);
+        if let Some(n) = view.and_then(|v| v.preempted) {
+            self.server_preemptions.with_label_values(&[backend, endpoint]).inc_by(n);
         }
         self.server_metrics_up
             .with_label_values(&[backend, endpoint])

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use super::router::Endpoint;
 use crate::config::ConfigHandle;
 use crate::config::reload::ResolvedBackend;
-use crate::meter::metrics::Metrics;
+use crate::meter::metrics::{Metrics, ServerGauges};
 
 /// The user agent of goodput's own requests to a server (not user traffic).
 pub const USER_AGENT: &str = "goodput-watch";
@@ -148,6 +148,19 @@ pub struct ServerView {
     pub prefix_cache_hit_ratio: Option<f64>,
     #[serde(skip)]
     pub at: Instant,
+}
+
+impl ServerView {
+    /// The `goodput_server_*` gauges of this reading, with the preemptions since the last one.
+    fn gauges(&self, preempted: f64) -> ServerGauges {
+        ServerGauges {
+            waiting: self.reading.waiting,
+            running: self.reading.running,
+            kv_cache_usage: self.reading.kv_cache_usage,
+            prefix_cache_hit_ratio: self.prefix_cache_hit_ratio,
+            preempted: self.reading.preemptions.map(|_| preempted),
+        }
+    }
 }
 
 /// Per endpoint: the latest view of its server (`None`: unknown, stale or not exported).
@@ -391,14 +404,14 @@ async fn scrape(
     let next = match reading {
         Ok(r) => {
             let (view, preempted) = signals.update(r, now);
-            m.set_server(&b.name, &e.label, Some(&view), preempted);
+            m.set_server(&b.name, &e.label, Some(&view.gauges(preempted)));
             started + interval
         }
         Err(fail) => {
             // Three intervals (and a timeout) without an answer and the signals are unknown,
             // not stale numbers.
             if signals.failed(now, (3 * interval).max(timeout + interval)) {
-                m.set_server(&b.name, &e.label, None, 0.0);
+                m.set_server(&b.name, &e.label, None);
             }
             tracing::debug!(backend = %b.name, endpoint = %e.label, "server metrics: {fail}");
             match fail {
