@@ -50,6 +50,7 @@ VALUE_SETS = {
         "goodput": {
             "adminTokenSecret": {"name": "goodput-admin", "key": "token"},
             "shutdownGraceSeconds": 60,
+            "logFormat": "json",
             "config": {
                 "classes": {
                     "interactive": {"ttft_p95_ms": 300, "tpot_p95_ms": 40, "objective": "cheapest"},
@@ -93,12 +94,17 @@ def check_objects(name, objs, values, goodput_bin, out):
     checkable = os.path.join(out, f"{name}.checkable.yaml")
     with open(checkable, "w") as f:
         yaml.safe_dump(cfg, f)
-    r = subprocess.run([goodput_bin, "check-config", checkable], capture_output=True, text=True)
-    if r.returncode != 0:
-        fail(f"{name}: goodput rejects the generated config:\n{r.stdout}{r.stderr}")
     dep = next(o for o in objs if o["kind"] == "Deployment")
     cs = containers(dep)
     gp = cs["goodput"]
+    # Run with the container's plain environment values (the log format and level among them).
+    pod_env = {e["name"]: e["value"] for e in gp.get("env", []) if "value" in e}
+    want_format = values.get("goodput", {}).get("logFormat", "text")
+    if pod_env.get("GOODPUT_LOG_FORMAT") != want_format:
+        fail(f"{name}: GOODPUT_LOG_FORMAT is {pod_env.get('GOODPUT_LOG_FORMAT')!r}, values say {want_format!r}")
+    r = subprocess.run([goodput_bin, "check-config", checkable], capture_output=True, text=True, env={**os.environ, **pod_env})
+    if r.returncode != 0:
+        fail(f"{name}: goodput rejects the generated config:\n{r.stdout}{r.stderr}")
     sc = gp["securityContext"]
     if not (sc.get("runAsNonRoot") and sc.get("readOnlyRootFilesystem") and sc.get("allowPrivilegeEscalation") is False):
         fail(f"{name}: goodput's securityContext is not non-root / read-only: {sc}")

@@ -1,6 +1,6 @@
 //! Command-line interface: `serve`, `sim`, `bench`, `ppl`, `check-config`.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -21,6 +21,16 @@ use crate::sim::SimConfig;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Log lines as text, or as JSON objects one per line for a log collector (Loki,
+    /// Elasticsearch). The level comes from RUST_LOG (default: info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "GOODPUT_LOG_FORMAT")]
+    pub log_format: LogFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand, Debug)]

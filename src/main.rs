@@ -3,19 +3,24 @@
 
 use clap::Parser;
 
-use goodput::cli::{Cli, Command};
+use goodput::cli::{Cli, Command, LogFormat};
 
 fn main() -> std::process::ExitCode {
     tune_malloc();
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
         // Colour codes only on a terminal: a log collector (kubectl logs, Loki) gets plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        LogFormat::Text => logs.with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).init(),
+        // One flat object per event: timestamp, level, target, message and the event's fields.
+        LogFormat::Json => {
+            logs.json().flatten_event(true).with_current_span(false).with_span_list(false).init()
+        }
+    }
     let result = match cli.command {
         Command::CheckConfig { file } => goodput::cli::check_config(&file),
         Command::Serve(args) => on_runtime(args.workers, goodput::cli::serve(args)),

@@ -275,3 +275,36 @@ async fn secrets_and_user_text_stay_out_of_logs_metrics_and_admin() {
     labels.dedup();
     assert_eq!(labels, ["m", "other"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logs_are_one_json_object_per_line_when_asked() {
+    // A backend nothing listens on: the request fails, and goodput logs why.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let gp = Goodput::start_logged(
+        &format!("backends:\n  - name: b\n    url: http://{dead}\n    models: [m]\n"),
+        &[],
+        &[("GOODPUT_LOG_FORMAT", "json"), ("RUST_LOG", "info")],
+    );
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+    assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", body)).await.status, 502);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let log = gp.log();
+    let events: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON object ({e}): {l}")))
+        .collect();
+    let find = |message: &str| {
+        events
+            .iter()
+            .find(|e| e["message"] == message)
+            .unwrap_or_else(|| panic!("no {message:?} event in {log}"))
+    };
+    let serving = find("goodput serving");
+    assert_eq!(serving["level"], "INFO");
+    assert_eq!(serving["proxy_addr"], gp.proxy.to_string(), "{serving}");
+    assert!(serving["timestamp"].as_str().is_some_and(|t| t.ends_with('Z')), "{serving}");
+    let failure = find("upstream failure");
+    assert_eq!((&failure["level"], &failure["kind"]), (&"WARN".into(), &"connect".into()), "{failure}");
+    assert_eq!(failure["target"], "goodput::proxy", "{failure}");
+}

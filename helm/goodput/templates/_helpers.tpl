@@ -56,6 +56,8 @@ app.kubernetes.io/component: {{ .Values.mode }}
   env:
     - name: RUST_LOG
       value: {{ .Values.goodput.logLevel | quote }}
+    - name: GOODPUT_LOG_FORMAT
+      value: {{ .Values.goodput.logFormat | default "text" | quote }}
     {{- with .Values.goodput.adminTokenSecret.name }}
     # /admin/* requires this bearer token (the admin port listens on the pod network).
     - name: GOODPUT_ADMIN_TOKEN
