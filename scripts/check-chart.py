@@ -51,6 +51,7 @@ VALUE_SETS = {
             "adminTokenSecret": {"name": "goodput-admin", "key": "token"},
             "shutdownGraceSeconds": 60,
             "logFormat": "json",
+            "requestLog": True,
             "config": {
                 "classes": {
                     "interactive": {"ttft_p95_ms": 300, "tpot_p95_ms": 40, "objective": "cheapest"},
@@ -102,6 +103,8 @@ def check_objects(name, objs, values, goodput_bin, out):
     want_format = values.get("goodput", {}).get("logFormat", "text")
     if pod_env.get("GOODPUT_LOG_FORMAT") != want_format:
         fail(f"{name}: GOODPUT_LOG_FORMAT is {pod_env.get('GOODPUT_LOG_FORMAT')!r}, values say {want_format!r}")
+    if bool(values.get("goodput", {}).get("requestLog")) != (pod_env.get("GOODPUT_REQUEST_LOG") == "-"):
+        fail(f"{name}: GOODPUT_REQUEST_LOG is {pod_env.get('GOODPUT_REQUEST_LOG')!r} with requestLog {values.get('goodput', {}).get('requestLog')!r}")
     r = subprocess.run([goodput_bin, "check-config", checkable], capture_output=True, text=True, env={**os.environ, **pod_env})
     if r.returncode != 0:
         fail(f"{name}: goodput rejects the generated config:\n{r.stdout}{r.stderr}")

@@ -76,6 +76,10 @@ pub struct ServeArgs {
     /// Tokio worker threads (default: one per CPU). A sidecar usually gets 1 or 2.
     #[arg(long, env = "GOODPUT_WORKERS")]
     pub workers: Option<usize>,
+    /// Write every metered request's record as one JSON line (what /admin/records shows:
+    /// numbers and labels, never text) to this file, appended, or to stdout with `-`.
+    #[arg(long, env = "GOODPUT_REQUEST_LOG", value_name = "PATH")]
+    pub request_log: Option<PathBuf>,
 }
 
 #[derive(Args, Debug, Clone)]
@@ -253,6 +257,21 @@ impl SimArgs {
 }
 
 /// Start the proxy and admin listeners; runs until SIGTERM/SIGINT, then drains.
+/// `--request-log`: stdout for `-`, else the file, created or appended to. Opened before the
+/// proxy serves, so that a path that cannot be written is a start-up error.
+fn open_request_log(path: &std::path::Path) -> Result<crate::meter::recorder::RequestLog, String> {
+    use std::io::BufWriter;
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(BufWriter::new(std::io::stdout())));
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| format!("--request-log {}: {e}", path.display()))?;
+    Ok(Box::new(BufWriter::new(file)))
+}
+
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let metrics = Metrics::new();
     // Simulated backends (the demo's) run in this process; started before the config that
@@ -276,6 +295,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         .map_err(|e| format!("cannot listen on {admin_listen}: {e}"))?;
     let proxy_addr: SocketAddr = listener.local_addr().map_err(|e| e.to_string())?;
     let admin_addr: SocketAddr = admin.local_addr().map_err(|e| e.to_string())?;
+    let request_log = args.request_log.as_deref().map(open_request_log).transpose()?;
 
     // The scorer loads its model (seconds) before the proxy serves: a missing model or ONNX
     // Runtime library is a start-up error, not a silent gap in the quality metrics.
@@ -326,7 +346,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
         checker: checker.clone(),
         results: results_rx,
     });
-    let recorder = Recorder::start(handle.clone(), metrics.clone(), quality);
+    let recorder = Recorder::start(handle.clone(), metrics.clone(), quality, request_log);
     // Each server's own view (vLLM's /metrics) and its served model names, beside goodput's.
     crate::route::server::spawn_watcher(handle.clone(), metrics.clone(), connector.clone());
     let proxy = Proxy::new(handle.clone(), recorder, metrics, sampling, connector);

@@ -308,3 +308,79 @@ async fn logs_are_one_json_object_per_line_when_asked() {
     assert_eq!((&failure["level"], &failure["kind"]), (&"WARN".into(), &"connect".into()), "{failure}");
     assert_eq!(failure["target"], "goodput::proxy", "{failure}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_log_writes_one_json_line_per_metered_request_and_no_text() {
+    const PROMPT: &str = "prompt-secret-5d1e";
+    const ANSWER: &str = "answer-secret-a07c";
+    let answer = serde_json::json!({
+        "id": "x", "object": "chat.completion", "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    });
+    let (up, _) = spawn_canned(vec![
+        ("/v1/chat/completions", canned_json(&answer.to_string())),
+        ("/v1/models", canned_json(r#"{"object":"list","data":[{"id":"m"}]}"#)),
+    ])
+    .await;
+    let dir = temp_dir("reqlog");
+    std::fs::write(
+        dir.join("goodput.yaml"),
+        format!("backends:\n  - name: b\n    url: http://{up}\n    models: [m]\n"),
+    )
+    .unwrap();
+    // To stdout, after the line that says where goodput listens.
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_goodput"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--request-log", "-"])
+        .arg("--config")
+        .arg(dir.join("goodput.yaml"))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+    let proxy: std::net::SocketAddr =
+        line.split_whitespace().find_map(|w| w.strip_prefix("proxy=")).unwrap().parse().unwrap();
+    let body =
+        serde_json::json!({"model": "m", "messages": [{"role": "user", "content": PROMPT}]}).to_string();
+    for _ in 0..2 {
+        assert_eq!(send(proxy, post_json("/v1/chat/completions", &body)).await.status, 200);
+    }
+    // Not metered, so not a record.
+    let models = Request::get("/v1/models").body(Full::default()).unwrap();
+    assert_eq!(send(proxy, models).await.status, 200);
+    let lines = tokio::task::spawn_blocking(move || {
+        let mut lines = Vec::new();
+        for _ in 0..2 {
+            let mut l = String::new();
+            std::io::BufRead::read_line(&mut out, &mut l).unwrap();
+            lines.push(l);
+        }
+        lines
+    });
+    let lines = tokio::time::timeout(Duration::from_secs(10), lines).await.expect("two lines").unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    let recs: Vec<serde_json::Value> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_ne!(recs[0]["id"], recs[1]["id"]);
+    for (l, r) in lines.iter().zip(&recs) {
+        assert!(l.ends_with('\n') && !l.contains(PROMPT) && !l.contains(ANSWER), "{l}");
+        assert_eq!((r["status"].as_u64(), r["outcome"].as_str()), (Some(200), Some("ok")), "{r}");
+        assert_eq!((r["backend"].as_str(), r["model"].as_str()), (Some("b"), Some("m")), "{r}");
+        assert_eq!((r["prompt_tokens"].as_u64(), r["completion_tokens"].as_u64()), (Some(5), Some(3)), "{r}");
+        assert!(r["e2e"].as_f64().is_some_and(|s| s > 0.0), "{r}");
+    }
+
+    // A log that cannot be opened stops goodput before it serves, and says which.
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_goodput"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
+        .args(["--upstream", "http://127.0.0.1:9", "--request-log", "/nonexistent-dir/requests.jsonl"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success() && err.contains("--request-log /nonexistent-dir/requests.jsonl"), "{err}");
+    assert!(bad.stdout.is_empty(), "it must not say it listens: {:?}", String::from_utf8_lossy(&bad.stdout));
+}

@@ -19,6 +19,11 @@ use crate::quality::scorer::{ScoreJob, Scorer};
 use crate::quality::{QualityEvent, Subject};
 
 const QUEUE: usize = 65_536;
+
+/// Where every filed record also goes, as one JSON line (`serve --request-log`): the numbers
+/// and labels `/admin/records` shows, never text. Written and flushed on the recorder's own
+/// thread, once per batch it drains, so a slow disk delays records, never a request.
+pub type RequestLog = Box<dyn std::io::Write + Send>;
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 /// How long the recorder sleeps when its queue is empty: the delay before a finished request
 /// shows in /metrics and the recent records. Windows (what the router reads) publish every
@@ -83,7 +88,12 @@ pub struct QualityLink {
 }
 
 impl Recorder {
-    pub fn start(config: Arc<ConfigHandle>, metrics: Metrics, quality: Option<QualityLink>) -> Recorder {
+    pub fn start(
+        config: Arc<ConfigHandle>,
+        metrics: Metrics,
+        quality: Option<QualityLink>,
+        log: Option<RequestLog>,
+    ) -> Recorder {
         let (tx, rx) = sync_channel(QUEUE);
         let shared = Arc::new(Shared {
             windows: ArcSwap::from_pointee(HashMap::new()),
@@ -101,7 +111,7 @@ impl Recorder {
         let m2 = metrics.clone();
         std::thread::Builder::new()
             .name("goodput-recorder".into())
-            .spawn(move || run(rx, config, m2, s2, quality))
+            .spawn(move || run(rx, config, m2, s2, quality, log))
             .expect("spawn recorder thread");
         Recorder { tx, metrics: Arc::new(metrics), shared }
     }
@@ -185,8 +195,11 @@ fn run(
     metrics: Metrics,
     shared: Arc<Shared>,
     quality: Option<QualityLink>,
+    mut log: Option<RequestLog>,
 ) {
     let epoch = Instant::now();
+    let mut log_failing = false;
+    let mut line = Vec::new();
     let mut windows: HashMap<String, BackendWindows> = HashMap::new();
     let mut classes: HashMap<String, BackendWindows> = HashMap::new();
     // Pools' endpoints: (backend, endpoint) → their latency and quality windows.
@@ -208,6 +221,7 @@ fn run(
         // per-request cost before this change). Only a quiet recorder blocks (PARK_AFTER).
         shared.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut got_any = false;
+        let mut filed = 0;
         let mut first = None;
         if last_work.elapsed() >= PARK_AFTER {
             match rx.recv_timeout(PUBLISH_EVERY.saturating_sub(last_publish.elapsed())) {
@@ -250,6 +264,13 @@ fn run(
                             .latency
                             .add(now, &r, cost);
                     }
+                    if let Some(w) = log.as_mut() {
+                        // Whole lines only reach the writer: stdout's lines never interleave.
+                        line.clear();
+                        let written = serde_json::to_writer(&mut line, &r).map_err(std::io::Error::from);
+                        line.push(b'\n');
+                        log_written(written.and_then(|()| w.write_all(&line)), &mut log_failing);
+                    }
                     let keep = snap.config.metrics.recent_records;
                     let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
                     recent.push_back(r);
@@ -257,12 +278,25 @@ fn run(
                         recent.pop_front();
                     }
                     drop(recent);
-                    shared.processed.fetch_add(1, std::sync::atomic::Ordering::Release);
+                    filed += 1;
                 }
                 Err(TryRecvError::Empty) => break,
-                Err(TryRecvError::Disconnected) => return,
+                Err(TryRecvError::Disconnected) => {
+                    if let Some(w) = log.as_mut() {
+                        log_written(w.flush(), &mut log_failing);
+                    }
+                    return;
+                }
             }
         }
+        // Flushed before the records count as processed: a shutdown that waited for them
+        // finds them in the request log too.
+        if filed > 0
+            && let Some(w) = log.as_mut()
+        {
+            log_written(w.flush(), &mut log_failing);
+        }
+        shared.processed.fetch_add(filed, std::sync::atomic::Ordering::Release);
         while let Some(ev) = quality.as_ref().and_then(|q| q.results.try_recv().ok()) {
             got_any = true;
             let snap = config.load_full();
@@ -582,6 +616,22 @@ fn hand_over(q: &QualityLink, r: &RequestRecord, payload: &mut Payload) {
 }
 
 /// Settle token counts (tokenizer fallback), TPOT and the SLO verdict.
+/// A failing request log (a full disk) is said once, and again when it recovers; records go
+/// on to the metrics and the ring either way.
+fn log_written(result: std::io::Result<()>, failing: &mut bool) {
+    match result {
+        Err(e) if !*failing => {
+            *failing = true;
+            tracing::warn!(error = %e, "request log: cannot write; records go on to the metrics");
+        }
+        Ok(()) if *failing => {
+            *failing = false;
+            tracing::info!("request log: writing again");
+        }
+        _ => {}
+    }
+}
+
 fn finalize(r: &mut RequestRecord, payload: &Payload, snap: &crate::config::reload::Snapshot) {
     if matches!(r.completion_source, TokenSource::Chunks | TokenSource::None)
         && let (Some(texts), Some(tok)) = (
@@ -694,7 +744,7 @@ mod tests {
         )
         .await
         .expect("config");
-        let recorder = Recorder::start(config, metrics, None);
+        let recorder = Recorder::start(config, metrics, None, None);
         // Past PARK_AFTER with nothing to do: the loop runs for publishes only (4 a second),
         // where polling every DRAIN_EVERY would be ~20.
         tokio::time::sleep(PARK_AFTER + Duration::from_millis(500)).await;

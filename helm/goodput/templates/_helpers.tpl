@@ -58,6 +58,11 @@ app.kubernetes.io/component: {{ .Values.mode }}
       value: {{ .Values.goodput.logLevel | quote }}
     - name: GOODPUT_LOG_FORMAT
       value: {{ .Values.goodput.logFormat | default "text" | quote }}
+    {{- if .Values.goodput.requestLog }}
+    # Every metered request's record, one JSON line each, on stdout (logs stay on stderr).
+    - name: GOODPUT_REQUEST_LOG
+      value: "-"
+    {{- end }}
     {{- with .Values.goodput.adminTokenSecret.name }}
     # /admin/* requires this bearer token (the admin port listens on the pod network).
     - name: GOODPUT_ADMIN_TOKEN
