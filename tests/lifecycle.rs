@@ -360,7 +360,14 @@ async fn request_log_writes_one_json_line_per_metered_request_and_no_text() {
         }
         lines
     });
-    let lines = tokio::time::timeout(Duration::from_secs(10), lines).await.expect("two lines").unwrap();
+    let lines = match tokio::time::timeout(Duration::from_secs(10), lines).await {
+        Ok(lines) => lines.unwrap(),
+        Err(_) => {
+            // Killing it ends the blocked read (EOF), so the test fails instead of hanging.
+            let _ = child.kill();
+            panic!("no two request-log lines within 10 s");
+        }
+    };
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);
@@ -383,4 +390,30 @@ async fn request_log_writes_one_json_line_per_metered_request_and_no_text() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(!bad.status.success() && err.contains("--request-log /nonexistent-dir/requests.jsonl"), "{err}");
     assert!(bad.stdout.is_empty(), "it must not say it listens: {:?}", String::from_utf8_lossy(&bad.stdout));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_log_file_holds_every_record_after_sigterm() {
+    let (sim_addr, _sim) = spawn_sim(0.0, 0.0, 4).await;
+    let dir = temp_dir("reqlog-file");
+    let path = dir.join("requests.jsonl");
+    let mut gp = Goodput::start_with(
+        &format!("backends:\n  - name: sim\n    url: http://{sim_addr}\n    models: [sim-model]\n"),
+        &["--request-log", path.to_str().unwrap()],
+    );
+    let body = r#"{"model":"sim-model","messages":[{"role":"user","content":"hi"}]}"#;
+    for _ in 0..5 {
+        assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", body)).await.status, 200);
+    }
+    // At once: the last records may still be queued; shutdown waits for them, log included.
+    sigterm(&gp);
+    let status = exit_within(&mut gp, Instant::now(), Duration::from_secs(10), "after SIGTERM").await;
+    assert!(status.success(), "{status:?}");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let ids: Vec<u64> = text
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 5, "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
