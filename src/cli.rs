@@ -256,7 +256,6 @@ impl SimArgs {
     }
 }
 
-/// Start the proxy and admin listeners; runs until SIGTERM/SIGINT, then drains.
 /// `--request-log`: stdout for `-`, else the file, created or appended to. Opened before the
 /// proxy serves, so that a path that cannot be written is a start-up error.
 fn open_request_log(path: &std::path::Path) -> Result<crate::meter::recorder::RequestLog, String> {
@@ -272,6 +271,7 @@ fn open_request_log(path: &std::path::Path) -> Result<crate::meter::recorder::Re
     Ok(Box::new(BufWriter::new(file)))
 }
 
+/// Start the proxy and admin listeners; runs until SIGTERM/SIGINT, then drains.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let metrics = Metrics::new();
     // Simulated backends (the demo's) run in this process; started before the config that

@@ -642,6 +642,7 @@ impl Metrics {
         let _ = self.server_preemptions.remove_label_values(&[backend, endpoint]);
     }
 
+    /// Refresh the gauges read from the process and the runtime, just before a scrape.
     pub fn refresh_process(&self) {
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             self.runtime_alive_tasks.set(h.metrics().num_alive_tasks() as i64);

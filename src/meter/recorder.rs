@@ -19,11 +19,6 @@ use crate::quality::scorer::{ScoreJob, Scorer};
 use crate::quality::{QualityEvent, Subject};
 
 const QUEUE: usize = 65_536;
-
-/// Where every filed record also goes, as one JSON line (`serve --request-log`): the numbers
-/// and labels `/admin/records` shows, never text. Written and flushed on the recorder's own
-/// thread, once per batch it drains, so a slow disk delays records, never a request.
-pub type RequestLog = Box<dyn std::io::Write + Send>;
 const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 /// How long the recorder sleeps when its queue is empty: the delay before a finished request
 /// shows in /metrics and the recent records. Windows (what the router reads) publish every
@@ -35,6 +30,11 @@ const DRAIN_EVERY: Duration = Duration::from_millis(50);
 /// the next publish is due: an idle sidecar wakes 4 times a second instead of 20. The first
 /// record after a quiet spell pays one futex wake; the polling resumes with it.
 const PARK_AFTER: Duration = Duration::from_secs(1);
+
+/// Where every filed record also goes, as one JSON line (`serve --request-log`): the numbers
+/// and labels `/admin/records` shows, never text. Written and flushed on the recorder's own
+/// thread, once per batch it drains, so a slow disk delays records, never a request.
+pub type RequestLog = Box<dyn std::io::Write + Send>;
 
 /// What readers (admin endpoints, the router) see; never locked by the hot path.
 pub struct Shared {
@@ -615,7 +615,6 @@ fn hand_over(q: &QualityLink, r: &RequestRecord, payload: &mut Payload) {
     }
 }
 
-/// Settle token counts (tokenizer fallback), TPOT and the SLO verdict.
 /// A failing request log (a full disk) is said once, and again when it recovers; records go
 /// on to the metrics and the ring either way.
 fn log_written(result: std::io::Result<()>, failing: &mut bool) {
@@ -632,6 +631,7 @@ fn log_written(result: std::io::Result<()>, failing: &mut bool) {
     }
 }
 
+/// Settle token counts (tokenizer fallback), TPOT and the SLO verdict.
 fn finalize(r: &mut RequestRecord, payload: &Payload, snap: &crate::config::reload::Snapshot) {
     if matches!(r.completion_source, TokenSource::Chunks | TokenSource::None)
         && let (Some(texts), Some(tok)) = (
