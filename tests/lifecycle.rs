@@ -323,26 +323,12 @@ async fn request_log_writes_one_json_line_per_metered_request_and_no_text() {
         ("/v1/models", canned_json(r#"{"object":"list","data":[{"id":"m"}]}"#)),
     ])
     .await;
-    let dir = temp_dir("reqlog");
-    std::fs::write(
-        dir.join("goodput.yaml"),
-        format!("backends:\n  - name: b\n    url: http://{up}\n    models: [m]\n"),
-    )
-    .unwrap();
     // To stdout, after the line that says where goodput listens.
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_goodput"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--request-log", "-"])
-        .arg("--config")
-        .arg(dir.join("goodput.yaml"))
-        .env("RUST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut out, &mut line).unwrap();
-    let proxy: std::net::SocketAddr =
-        line.split_whitespace().find_map(|w| w.strip_prefix("proxy=")).unwrap().parse().unwrap();
+    let mut gp = Goodput::start_with(
+        &format!("backends:\n  - name: b\n    url: http://{up}\n    models: [m]\n"),
+        &["--request-log", "-"],
+    );
+    let (proxy, mut out) = (gp.proxy, gp.stdout.take().unwrap());
     let body =
         serde_json::json!({"model": "m", "messages": [{"role": "user", "content": PROMPT}]}).to_string();
     for _ in 0..2 {
@@ -364,13 +350,10 @@ async fn request_log_writes_one_json_line_per_metered_request_and_no_text() {
         Ok(lines) => lines.unwrap(),
         Err(_) => {
             // Killing it ends the blocked read (EOF), so the test fails instead of hanging.
-            let _ = child.kill();
+            let _ = gp.child.kill();
             panic!("no two request-log lines within 10 s");
         }
     };
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
     let recs: Vec<serde_json::Value> = lines.iter().map(|l| serde_json::from_str(l).unwrap()).collect();
     assert_ne!(recs[0]["id"], recs[1]["id"]);
     for (l, r) in lines.iter().zip(&recs) {

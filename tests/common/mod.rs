@@ -25,6 +25,9 @@ pub struct Goodput {
     pub admin: SocketAddr,
     pub dir: PathBuf,
     pub config: PathBuf,
+    /// The rest of its stdout, after the line that says where it listens (kept open, so
+    /// that what goodput writes there later, such as `--request-log -`, can be read).
+    pub stdout: Option<BufReader<std::process::ChildStdout>>,
 }
 
 impl Drop for Goodput {
@@ -79,9 +82,9 @@ impl Goodput {
             .stderr(stderr)
             .spawn()
             .expect("spawn goodput");
-        let stdout = child.stdout.take().unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
+        stdout.read_line(&mut line).unwrap();
         let field = |k: &str| -> SocketAddr {
             line.split_whitespace()
                 .find_map(|w| w.strip_prefix(k))
@@ -89,7 +92,7 @@ impl Goodput {
                 .parse()
                 .unwrap()
         };
-        Goodput { proxy: field("proxy="), admin: field("admin="), child, dir, config }
+        Goodput { proxy: field("proxy="), admin: field("admin="), child, dir, config, stdout: Some(stdout) }
     }
 
     /// What the process wrote to stderr (with `start_logged`).
