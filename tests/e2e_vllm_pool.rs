@@ -124,8 +124,8 @@ async fn a_queue_goodput_does_not_see_moves_its_picks_to_the_other_replica() {
 }
 
 /// One mode of the prefix experiment: `rounds` of the same six long system prompts (fresh ones
-/// per mode), each with a new question, from two clients at once. Returns vLLM's prefix-cache hit ratio
-/// over the pool, goodput's TTFTs, and which endpoints each prompt went to.
+/// per mode), each with a new question, from two clients at once. Returns vLLM's prefix-cache
+/// hit ratio over the pool, goodput's TTFTs, and which endpoints each prompt went to.
 async fn shared_prefixes(
     gp: &Goodput,
     a: &Vllm,
