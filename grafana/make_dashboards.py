@@ -198,9 +198,12 @@ def quality():
     )
     b.panel(
         "Hallucination rate (rated consistency checks, recorded 1h)",
-        [('goodput:hallucination:ratio_rate1h{backend=~"$backend"}', "{{backend}} {{route}}")],
+        [
+            ('goodput:hallucination:ratio_rate1h{backend=~"$backend"}', "{{backend}} {{route}}"),
+            ('goodput_window_hallucination_rate{scope="backend",name=~"$backend"}', "{{name}} window {{bound}}"),
+        ],
         "percentunit",
-        description="Share of rated checks judged hallucinated: a probability method (prompt) or a calibrated threshold. An uncalibrated ranking method (unigram, embedding) gives no rate, and this panel stays empty.",
+        description="Share of rated checks judged hallucinated: a probability method (prompt) or a calibrated threshold. An uncalibrated ranking method (unigram, embedding) gives no rate, and this panel stays empty. The window's lower and upper bounds are its 95% interval, which for a calibrated threshold includes the calibration's own uncertainty.",
     )
     b.panel(
         "Consistency score distribution",

@@ -156,7 +156,7 @@ async fn a_ranking_method_reports_a_rate_only_once_calibrated() {
     let (sim_addr, _sim) = spawn_sim(0.0, 0.0, 24).await;
     let gp = Goodput::start(&consistency_yaml(
         &sim_addr,
-        "    methods: [unigram]\n    calibration: {reference_backend: sim, checks: 10, reference_rate: 0.2}\n",
+        "    methods: [unigram]\n    calibration: {reference_backend: sim, checks: 10, reference_rate: 0.2, reference_labelled: 20}\n",
     ));
     let ask = |i: usize| {
         let body = serde_json::json!({
@@ -207,6 +207,27 @@ async fn a_ranking_method_reports_a_rate_only_once_calibrated() {
     );
     let rate = q["hallucination_rate"].as_f64().expect("a calibrated rate");
     assert!((0.0..=1.0).contains(&rate));
+    // The stated rate's interval over 10 checks and 20 labelled answers (an effective 6.7, Wilson
+    // 0.044-0.575), and the thresholds at its ends around the threshold.
+    let f = |v: &serde_json::Value, i: usize| v[i].as_f64().unwrap();
+    let ri = &src["reference_rate_interval"];
+    assert!((f(ri, 0) - 0.0441).abs() < 1e-3 && (f(ri, 1) - 0.5752).abs() < 1e-3, "{src}");
+    let band = &src["band"];
+    assert!(f(band, 0) <= threshold && threshold <= f(band, 1), "{src}");
+    // The rate's interval holds the rate; Prometheus has the same three figures.
+    let ci = &q["hallucination_rate_interval"];
+    assert!(f(ci, 0) <= rate && rate <= f(ci, 1) && f(ci, 1) - f(ci, 0) > 0.2, "{q}");
+    let now = gp.metrics().await;
+    let bound = |b: &str| {
+        metric(
+            &now,
+            "goodput_window_hallucination_rate",
+            &[("scope", "backend"), ("name", "sim"), ("bound", b)],
+        )
+    };
+    for (b, want) in [("lower", f(ci, 0)), ("estimate", rate), ("upper", f(ci, 1))] {
+        assert!((bound(b) - want).abs() < 1e-12, "{b}: {} against {q}", bound(b));
+    }
     assert_eq!(metric(&text, "goodput_consistency_rated_total", &[]), 5.0);
     let text = gp.metrics().await;
     // The exposition format and JSON may print the same f64 with different digits.

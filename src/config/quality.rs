@@ -272,6 +272,11 @@ pub struct CalibrationConfig {
     /// The reference's own hallucination rate, from a labelled evaluation of it
     /// (README, "Hallucination rate"); stated, never guessed by goodput.
     pub reference_rate: f64,
+    /// How many labelled answers `reference_rate` was measured on: its sampling error widens
+    /// the reported rate's interval. Absent: the stated rate is taken as exact, and only the
+    /// reference checks' own sampling widens it.
+    #[serde(default)]
+    pub reference_labelled: Option<usize>,
     /// Where thresholds are kept across restarts (JSON); absent: in memory only.
     #[serde(default)]
     pub path: Option<PathBuf>,
@@ -429,6 +434,9 @@ impl QualityConfig {
                 if !(10..=100_000).contains(&k.checks) {
                     err(format!("{p}.calibration.checks"), "must be between 10 and 100000".into());
                 }
+                if k.reference_labelled == Some(0) {
+                    err(format!("{p}.calibration.reference_labelled"), "must be at least 1".into());
+                }
             }
         }
         let Some(p) = &self.perplexity else { return };
@@ -504,11 +512,11 @@ mod tests {
     fn bad_calibration_settings_are_reported_and_an_uncalibrated_ranking_method_warned_of() {
         let base = "backends:\n  - name: a\n    url: http://127.0.0.1:1\nquality:\n  consistency:\n";
         let e = crate::config::Config::from_yaml(&format!(
-            "{base}    calibration: {{reference_backend: nope, checks: 5, reference_rate: 1.5}}\n"
+            "{base}    calibration: {{reference_backend: nope, checks: 5, reference_rate: 1.5, reference_labelled: 0}}\n"
         ))
         .unwrap_err();
         let paths: Vec<&str> = e.0.iter().map(|e| e.path.as_str()).collect();
-        for p in ["reference_backend", "checks", "reference_rate"] {
+        for p in ["reference_backend", "checks", "reference_rate", "reference_labelled"] {
             let p = format!("quality.consistency.calibration.{p}");
             assert!(paths.contains(&p.as_str()), "{p} not in {paths:?}");
         }

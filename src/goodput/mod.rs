@@ -68,6 +68,11 @@ pub struct Goodput {
     /// The seed's indexes: tokens/s x (1 - hallucination rate), tokens/s / perplexity,
     /// tokens/s / (perplexity x price per 1M tokens).
     pub effective_tps: Option<f64>,
+    /// The hallucination rate effective TPS is computed from, and both with the rate's 95%
+    /// interval (sampling, and a calibrated threshold's own uncertainty).
+    pub hallucination_rate: Option<f64>,
+    pub hallucination_rate_interval: Option<(f64, f64)>,
+    pub effective_tps_interval: Option<(f64, f64)>,
     pub tput_per_ppl: Option<f64>,
     pub tput_per_ppl_price: Option<f64>,
 }
@@ -88,6 +93,7 @@ pub struct Rates {
     pub passed: u64,
     pub perplexity_geomean: Option<f64>,
     pub hallucination_rate: Option<f64>,
+    pub hallucination_rate_interval: Option<(f64, f64)>,
 }
 
 /// The goodput figures of a window (latency counts, quality judgements, cost).
@@ -109,6 +115,11 @@ pub fn summarize(w: &Rates) -> Goodput {
             .map(|(lo, hi)| (lo * w.goodput_tokens_per_sec, hi * w.goodput_tokens_per_sec)),
         price_per_1m_tokens: price,
         effective_tps: w.hallucination_rate.map(|h| tps * (1.0 - h)),
+        hallucination_rate: w.hallucination_rate,
+        hallucination_rate_interval: w.hallucination_rate_interval,
+        effective_tps_interval: w
+            .hallucination_rate_interval
+            .map(|(lo, hi)| (tps * (1.0 - hi), tps * (1.0 - lo))),
         tput_per_ppl: ppl.map(|p| tps / p),
         tput_per_ppl_price: ppl.zip(price).map(|(p, c)| tps / (p * c)),
     }
@@ -121,11 +132,16 @@ pub fn wilson(successes: u64, n: u64, z: f64) -> Option<(f64, f64)> {
     if n == 0 {
         return None;
     }
-    let (n, p) = (n as f64, successes.min(n) as f64 / n as f64);
+    Some(wilson_p(successes.min(n) as f64 / n as f64, n as f64, z))
+}
+
+/// The same for a proportion `p` over `n` observations, where `n` may be an effective sample
+/// size (not whole) that combines several sources of sampling error.
+pub fn wilson_p(p: f64, n: f64, z: f64) -> (f64, f64) {
     let z2 = z * z;
     let center = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
     let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / (1.0 + z2 / n);
-    Some(((center - half).max(0.0), (center + half).min(1.0)))
+    ((center - half).max(0.0), (center + half).min(1.0))
 }
 
 #[cfg(test)]
@@ -159,6 +175,7 @@ mod tests {
         w.passed = 8;
         w.perplexity_geomean = Some(5.0);
         w.hallucination_rate = Some(0.25);
+        w.hallucination_rate_interval = Some((0.1, 0.5));
         let g = summarize(&w);
         assert_eq!(g.quality_pass_rate, Some(0.8));
         assert_eq!(g.quality_tokens_per_sec, Some(64.0));
@@ -166,6 +183,8 @@ mod tests {
         assert!((lo - 0.4902 * 80.0).abs() < 0.1 && (hi - 0.9433 * 80.0).abs() < 0.1, "{lo} {hi}");
         assert_eq!(g.price_per_1m_tokens, Some(2.0));
         assert_eq!(g.effective_tps, Some(75.0));
+        // The rate's upper bound gives effective TPS's lower one.
+        assert_eq!(g.effective_tps_interval, Some((50.0, 90.0)));
         assert_eq!(g.tput_per_ppl, Some(20.0));
         assert_eq!(g.tput_per_ppl_price, Some(10.0));
     }

@@ -95,6 +95,7 @@ pub struct Metrics {
     pub window_goodput_requests: GaugeVec,
     pub window_goodput_tokens: GaugeVec,
     pub window_quality_pass_rate: GaugeVec,
+    pub window_hallucination_rate: GaugeVec,
     pub window_index: GaugeVec,
     /// What each upstream server reports on its own /metrics (route::server reads it).
     pub server_waiting: GaugeVec,
@@ -548,6 +549,12 @@ impl Metrics {
                 &reg,
                 "goodput_window_quality_pass_rate",
                 "Share of quality judgements over the quality window that passed the class's floors (perplexity <= max_perplexity; not hallucinated), with its 95% Wilson interval (bound=estimate, lower, upper).",
+                &["scope", "name", "bound"],
+            ),
+            window_hallucination_rate: gauge(
+                &reg,
+                "goodput_window_hallucination_rate",
+                "Share of rated consistency checks over the quality window judged hallucinated, with its 95% interval (bound=estimate, lower, upper): the verdicts' sampling and, for a calibrated threshold, the calibration's own uncertainty. Absent without rated checks.",
                 &["scope", "name", "bound"],
             ),
             window_index: gauge(

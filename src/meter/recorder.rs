@@ -336,10 +336,10 @@ fn run(
                         if let Some(t) = calibrator.observe(c, &backend, res.method, res.score, unix) {
                             tracing::info!(reference = %t.reference, method = t.method.as_str(), threshold = t.threshold, checks = t.checks, "consistency threshold calibrated");
                         }
-                        calibrator.source(c, &backend).threshold().map(|t| res.score > t)
+                        calibrator.source(c, &backend).verdict(res.score)
                     });
                     let labels = res.of.labels();
-                    if let Some(h) = verdict {
+                    if let Some(h) = verdict.map(|v| v.hallucinated) {
                         metrics.consistency_rated.with_label_values(&labels).inc();
                         if h {
                             metrics.consistency_hallucinated.with_label_values(&labels).inc();
@@ -356,7 +356,7 @@ fn run(
                         r.sentence_scores = Some(res.sentence_scores);
                         r.consistency_scores =
                             Some(res.method_scores.iter().map(|(m, s)| (m.as_str(), *s)).collect());
-                        r.hallucinated = verdict;
+                        r.hallucinated = verdict.map(|v| v.hallucinated);
                     }
                 }
             }
@@ -578,6 +578,10 @@ fn export_goodput(m: &Metrics, scope: &str, name: &str, g: &crate::goodput::Good
     set(pr, "estimate", g.quality_pass_rate);
     set(pr, "lower", g.quality_pass_interval.map(|i| i.0));
     set(pr, "upper", g.quality_pass_interval.map(|i| i.1));
+    let hr = &m.window_hallucination_rate;
+    set(hr, "estimate", g.hallucination_rate);
+    set(hr, "lower", g.hallucination_rate_interval.map(|i| i.0));
+    set(hr, "upper", g.hallucination_rate_interval.map(|i| i.1));
     let ix = &m.window_index;
     set(ix, "effective_tps", g.effective_tps);
     set(ix, "tput_per_ppl", g.tput_per_ppl);

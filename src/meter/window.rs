@@ -4,6 +4,7 @@
 //! i.e. 1% relative error) and counters. Only the recorder thread writes; readers get an
 //! immutable `WindowSnapshot` published through `ArcSwap`, so the router never takes a lock.
 
+use crate::quality::calibration::Verdict;
 use crate::quality::drift::{Drift, Moments, Signal};
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -167,6 +168,7 @@ impl WindowSnapshot {
             passed: self.quality.passed,
             perplexity_geomean: self.quality.perplexity_geomean,
             hallucination_rate: self.quality.hallucination_rate,
+            hallucination_rate_interval: self.quality.hallucination_rate_interval,
         }
     }
 }
@@ -308,6 +310,9 @@ struct QualitySlot {
     checked: u64,
     rated: u64,
     hallucinated: u64,
+    /// Verdicts at the ends of a calibrated threshold's band (`quality::calibration::Verdict`).
+    hallucinated_upper: u64,
+    hallucinated_lower: u64,
     consistency_sum: f64,
     judged: u64,
     passed: u64,
@@ -337,6 +342,9 @@ pub struct QualitySnapshot {
     pub consistency_rated: u64,
     pub hallucinated: u64,
     pub hallucination_rate: Option<f64>,
+    /// Its 95% interval: the Wilson intervals of the verdicts at the ends of a calibrated
+    /// threshold's band, so it carries the calibration's uncertainty as well as the sample's.
+    pub hallucination_rate_interval: Option<(f64, f64)>,
     pub consistency_score_mean: Option<f64>,
     /// Quality judgements (one per perplexity score, one per consistency check) and those
     /// that passed the class's floors: the pass rate that weights goodput.
@@ -359,6 +367,8 @@ impl QualityWindow {
             checked: 0,
             rated: 0,
             hallucinated: 0,
+            hallucinated_upper: 0,
+            hallucinated_lower: 0,
             consistency_sum: 0.0,
             judged: 0,
             passed: 0,
@@ -393,6 +403,8 @@ impl QualityWindow {
             s.checked = 0;
             s.rated = 0;
             s.hallucinated = 0;
+            s.hallucinated_upper = 0;
+            s.hallucinated_lower = 0;
             s.consistency_sum = 0.0;
             s.judged = 0;
             s.passed = 0;
@@ -403,7 +415,7 @@ impl QualityWindow {
 
     /// A consistency check: its score, and its verdict when its method gives one
     /// (`quality::calibration`). Only a verdict counts toward the rate and the pass rate.
-    pub fn add_consistency(&mut self, second: u64, score: f64, hallucinated: Option<bool>) {
+    pub fn add_consistency(&mut self, second: u64, score: f64, verdict: Option<Verdict>) {
         if !score.is_finite() {
             return;
         }
@@ -411,9 +423,12 @@ impl QualityWindow {
         s.checked += 1;
         s.consistency_sum += score;
         s.moments[1].add(score);
-        if let Some(h) = hallucinated {
+        if let Some(v) = verdict {
+            let h = v.hallucinated;
             s.rated += 1;
             s.hallucinated += u64::from(h);
+            s.hallucinated_upper += u64::from(v.upper);
+            s.hallucinated_lower += u64::from(v.lower);
             s.judged += 1;
             s.passed += u64::from(!h);
         }
@@ -456,6 +471,7 @@ impl QualityWindow {
         let mut h = Histogram::<u64>::new_with_bounds(1, 1_000_000_000_000, 2).expect("valid bounds");
         let (mut bpb, mut lnp, mut tokens) = (0.0, 0.0, 0);
         let (mut checked, mut rated, mut hallucinated, mut csum) = (0, 0, 0, 0.0);
+        let (mut upper, mut lower) = (0, 0);
         let (mut judged, mut passed) = (0, 0);
         for s in self.live(now_second) {
             let _ = h.add(&s.perplexity);
@@ -465,6 +481,8 @@ impl QualityWindow {
             checked += s.checked;
             rated += s.rated;
             hallucinated += s.hallucinated;
+            upper += s.hallucinated_upper;
+            lower += s.hallucinated_lower;
             csum += s.consistency_sum;
             judged += s.judged;
             passed += s.passed;
@@ -484,6 +502,9 @@ impl QualityWindow {
             consistency_rated: rated,
             hallucinated,
             hallucination_rate: (rated > 0).then(|| hallucinated as f64 / rated as f64),
+            hallucination_rate_interval: crate::goodput::wilson(lower, rated, 1.96)
+                .zip(crate::goodput::wilson(upper, rated, 1.96))
+                .map(|(l, u)| (l.0, u.1)),
             consistency_score_mean: (checked > 0).then(|| csum / checked as f64),
             judged,
             passed,
@@ -634,13 +655,27 @@ mod tests {
         let s = q.snapshot(75);
         assert_eq!((s.consistency_checked, s.consistency_rated, s.hallucination_rate), (1, 0, None));
         assert_eq!((s.judged, s.passed), (0, 0), "no verdict is no judgement");
-        q.add_consistency(71, 0.8, Some(true));
-        q.add_consistency(72, 0.1, Some(false));
-        q.add_consistency(73, f64::NAN, Some(true));
+        let v = |hallucinated, upper, lower| Some(Verdict { hallucinated, upper, lower });
+        q.add_consistency(71, 0.8, v(true, true, true));
+        q.add_consistency(72, 0.1, v(false, false, false));
+        q.add_consistency(73, f64::NAN, v(true, true, true));
         let s = q.snapshot(75);
         assert_eq!((s.consistency_checked, s.consistency_rated, s.hallucinated), (3, 2, 1));
         assert_eq!(s.hallucination_rate, Some(0.5));
         assert!((s.consistency_score_mean.unwrap() - 0.6).abs() < 1e-12);
+        // Without a band the interval is the verdicts' Wilson interval (1 of 2).
+        let (lo, hi) = s.hallucination_rate_interval.unwrap();
+        assert!((lo - 0.0945).abs() < 1e-3 && (hi - 0.9055).abs() < 1e-3, "{lo} {hi}");
+        // A response inside the band counts toward the upper bound only.
+        for second in 74..78 {
+            q.add_consistency(second, 0.5, v(false, true, false));
+        }
+        let s = q.snapshot(78);
+        assert_eq!(s.hallucination_rate, Some(1.0 / 6.0));
+        let (lo, hi) = s.hallucination_rate_interval.unwrap();
+        let (lo1, _) = crate::goodput::wilson(1, 6, 1.96).unwrap();
+        let (_, hi5) = crate::goodput::wilson(5, 6, 1.96).unwrap();
+        assert_eq!((lo, hi), (lo1, hi5));
     }
 
     /// The running total against merging every slot afresh, over adds and snapshots in any

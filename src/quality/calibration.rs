@@ -22,8 +22,29 @@ pub struct Threshold {
     pub reference: String,
     pub checks: usize,
     pub reference_rate: f64,
+    /// The stated rate's 95% interval: its sampling error over `checks` reference checks and,
+    /// where stated, over the labelled answers it was measured on (`reference_labelled`).
+    #[serde(default)]
+    pub reference_rate_interval: Option<[f64; 2]>,
+    /// The thresholds at that interval's ends, `[upper, lower]`: the share of responses above
+    /// the first bounds the rate from above, above the second from below, so that the reported
+    /// interval carries the calibration's own uncertainty, not only the sampling of verdicts.
+    /// Absent in a file stored before it existed.
+    #[serde(default)]
+    pub band: Option<[f64; 2]>,
     /// Unix seconds.
     pub calibrated_at: u64,
+}
+
+/// One check's verdict, and the verdicts at the ends of a calibrated threshold's band (equal
+/// to it where the threshold is configured, or stored without a band).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    pub hallucinated: bool,
+    /// Above the band's lower threshold: counts toward the rate's upper bound.
+    pub upper: bool,
+    /// Above the band's upper threshold: counts toward the rate's lower bound.
+    pub lower: bool,
 }
 
 /// Per backend, what its rate comes from.
@@ -57,6 +78,28 @@ impl RateSource {
             _ => None,
         }
     }
+
+    /// The verdict on `score`; none where no rate is given (calibrating, uncalibrated).
+    pub fn verdict(&self, score: f64) -> Option<Verdict> {
+        let t = self.threshold()?;
+        let h = score > t;
+        let band = match self {
+            RateSource::Calibrated(c) => c.band,
+            _ => None,
+        };
+        Some(match band {
+            Some([upper, lower]) => Verdict { hallucinated: h, upper: score > upper, lower: score > lower },
+            None => Verdict { hallucinated: h, upper: h, lower: h },
+        })
+    }
+}
+
+/// The stated reference rate's 95% interval. `checks` reference checks and `labelled` answers
+/// (where stated) each sample it; their errors add, so the effective sample size is
+/// 1 / (1/checks + 1/labelled).
+pub fn reference_interval(rate: f64, checks: usize, labelled: Option<usize>) -> (f64, f64) {
+    let inv = 1.0 / checks.max(1) as f64 + labelled.map_or(0.0, |l| 1.0 / l.max(1) as f64);
+    crate::goodput::wilson_p(rate, 1.0 / inv, 1.96)
 }
 
 #[derive(Default)]
@@ -146,12 +189,15 @@ impl Calibrator {
         if s.len() < k.checks {
             return None;
         }
+        let (lo, hi) = reference_interval(k.reference_rate, s.len(), k.reference_labelled);
         let t = Threshold {
             method,
             threshold: quantile_threshold(s, k.reference_rate)?,
             reference: key.to_string(),
             checks: s.len(),
             reference_rate: k.reference_rate,
+            reference_rate_interval: Some([lo, hi]),
+            band: Some([quantile_threshold(s, hi)?, quantile_threshold(s, lo)?]),
             calibrated_at: now_unix,
         };
         self.scores.remove(key);
@@ -261,5 +307,40 @@ mod tests {
         third.load(&other);
         assert_eq!(third.source(&other, "a").threshold(), None);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_band_carries_the_calibrations_own_uncertainty() {
+        // 100 reference checks at 0.00..0.99, 20% stated: Wilson gives 0.133-0.289 over 100.
+        let (lo, hi) = reference_interval(0.2, 100, None);
+        assert!((lo - 0.1333).abs() < 1e-3 && (hi - 0.2888).abs() < 1e-3, "{lo} {hi}");
+        // Stated from 100 labelled answers too: both errors add (an effective 50).
+        let (lo2, hi2) = reference_interval(0.2, 100, Some(100));
+        assert!((lo2 - 0.1124).abs() < 1e-3 && (hi2 - 0.3304).abs() < 1e-3, "{lo2} {hi2}");
+        let c = cfg("calibration: {checks: 100, reference_rate: 0.2}\n");
+        let mut k = Calibrator::default();
+        for i in 0..100 {
+            k.observe(&c, "a", Method::Unigram, f64::from(i) / 100.0, 1);
+        }
+        let src = k.source(&c, "a");
+        let RateSource::Calibrated(t) = &src else { panic!("{src:?}") };
+        let [upper, lower] = t.band.unwrap();
+        assert!(upper < t.threshold && t.threshold < lower, "{t:?}");
+        // On the reference itself, the band's ends flag the interval's ends.
+        let share = |thr: f64| (0..100).filter(|&i| f64::from(i) / 100.0 > thr).count();
+        assert_eq!((share(lower), share(t.threshold), share(upper)), (13, 20, 29), "{t:?}");
+        let v = |x: f64| src.verdict(x).unwrap();
+        assert_eq!(v(0.99), Verdict { hallucinated: true, upper: true, lower: true });
+        assert_eq!(v(0.75), Verdict { hallucinated: false, upper: true, lower: false });
+        assert_eq!(v(0.1), Verdict { hallucinated: false, upper: false, lower: false });
+        // A threshold stored before the band existed still loads; its bounds are its verdict.
+        let old = r#"{"method":"unigram","threshold":0.5,"reference":"a","checks":10,"reference_rate":0.1,"calibrated_at":1}"#;
+        let t: Threshold = serde_json::from_str(old).unwrap();
+        let v = RateSource::Calibrated(t).verdict(0.6).unwrap();
+        assert_eq!(v, Verdict { hallucinated: true, upper: true, lower: true });
+        // A probability's threshold is configured: no band.
+        let p = RateSource::Probability { method: Method::Prompt, threshold: 0.5 };
+        assert_eq!(p.verdict(0.4), Some(Verdict { hallucinated: false, upper: false, lower: false }));
+        assert_eq!(RateSource::Uncalibrated { method: Method::Unigram }.verdict(0.9), None);
     }
 }
