@@ -141,7 +141,10 @@ pub fn wilson_p(p: f64, n: f64, z: f64) -> (f64, f64) {
     let z2 = z * z;
     let center = (p + z2 / (2.0 * n)) / (1.0 + z2 / n);
     let half = z * (p * (1.0 - p) / n + z2 / (4.0 * n * n)).sqrt() / (1.0 + z2 / n);
-    ((center - half).max(0.0), (center + half).min(1.0))
+    // At p = 0 or 1 the bound is exact; rounding must not lift it off the estimate.
+    let lo = if p <= 0.0 { 0.0 } else { (center - half).max(0.0) };
+    let hi = if p >= 1.0 { 1.0 } else { (center + half).min(1.0) };
+    (lo, hi)
 }
 
 #[cfg(test)]
@@ -158,6 +161,10 @@ mod tests {
         let (lo, hi) = wilson(500, 1000, 1.96).unwrap();
         assert!((lo - 0.4691).abs() < 1e-3 && (hi - 0.5309).abs() < 1e-3);
         assert_eq!(wilson(0, 0, 1.96), None);
+        for n in 1..200 {
+            assert_eq!(wilson(0, n, 1.96).unwrap().0, 0.0);
+            assert_eq!(wilson(n, n, 1.96).unwrap().1, 1.0);
+        }
     }
     #[test]
     fn goodput_summary() {
