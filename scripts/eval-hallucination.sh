@@ -5,16 +5,27 @@
 # calibrates on the first phase (half the questions) with REFERENCE_RATE as the stated error
 # rate of that phase's responses, and is validated on the other half.
 #
-#   VLLM_URL=http://127.0.0.1:18021 REFERENCE_RATE=0.36 REPS=2 scripts/eval-hallucination.sh
+#   VLLM_URL=http://127.0.0.1:18021 REPS=2 scripts/eval-hallucination.sh
 #   METHODS="unigram, embedding" ...   # unigram calibrated; no judge (much faster)
+#   HEALTHY_TEMPERATURE=0 ...          # healthy traffic served greedily
 #
-# REFERENCE_RATE: the server's observed error rate on these questions, from an earlier run of
-# this script (the `calibrate` phase's observed_error_rate). Output: target/eval/hallucination.json.
+# REFERENCE_RATE (and REFERENCE_LABELLED, the answers it was measured on): the stated error rate
+# of the calibrate half. Without it, the script first asks that half straight from the server
+# (REPS times, at HEALTHY_TEMPERATURE, default 0.7) and states the share it labels wrong and how
+# many it labelled, as an operator labels a sample of the reference. At temperature 0 that is
+# the half's own rate; above 0 it is an estimate from other samples of the same questions.
+# Output: target/eval/hallucination.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${VLLM_URL:?the server to evaluate, e.g. http://127.0.0.1:18021 (scripts/run-vllm.sh)}"
-REFERENCE_RATE="${REFERENCE_RATE:-0.5}"
 REPS="${REPS:-1}"
+export HEALTHY_TEMPERATURE="${HEALTHY_TEMPERATURE:-0.7}"
+if [ -z "${REFERENCE_RATE:-}" ]; then
+  read -r REFERENCE_RATE REFERENCE_LABELLED < <(python3 scripts/eval/hallucination.py label "$VLLM_URL" scripts/eval/facts.tsv "$REPS")
+fi
+[ -n "${REFERENCE_RATE:-}" ] || { echo "labelling the reference failed" >&2; exit 1; }
+LABELLED="${REFERENCE_LABELLED:+, reference_labelled: $REFERENCE_LABELLED}"
+echo "reference_rate stated: $REFERENCE_RATE${LABELLED}" >&2
 METHODS="${METHODS:-embedding, unigram, prompt}"
 OUT=target/eval
 mkdir -p "$OUT"
@@ -45,7 +56,7 @@ quality:
     max_sentences: 4
     embedding_model_dir: $EMBED
     onnxruntime: $ORT
-    calibration: {checks: $(((N + 1) / 2 * REPS)), reference_rate: $REFERENCE_RATE}
+    calibration: {checks: $(((N + 1) / 2 * REPS)), reference_rate: $REFERENCE_RATE$LABELLED}
 YAML
 start_goodput --config "$OUT/hallucination.yaml"
 python3 scripts/eval/hallucination.py "$GP" "$ADMIN" scripts/eval/facts.tsv "$REPS" "$OUT/hallucination.json"

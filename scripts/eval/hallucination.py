@@ -4,13 +4,21 @@ Factual questions with answers checkable by string match (scripts/eval/facts.tsv
 goodput to a real LLM server, every response consistency-checked. Each answer is labelled wrong
 when it names none of the accepted answers. Phases, one request at a time:
 
-  calibrate  half the questions (every other one), healthy sampling (temperature 0.7):
-             goodput calibrates its ranking method's threshold on these checks, stating
-             REFERENCE_RATE as their error rate;
+  calibrate  half the questions (every other one), healthy sampling (HEALTHY_TEMPERATURE,
+             default 0.7): goodput calibrates its ranking method's threshold on these checks,
+             stating REFERENCE_RATE as their error rate;
   validate   the other half, healthy: goodput's reported rate against the observed error rate
              of these responses (other questions, so that a server that repeats its answers
              cannot make the check pass by construction);
+  greedy     (when the healthy temperature is not 0) the validate half again at temperature 0,
+             as factual questions are usually served: fewer wrong answers, under the same
+             calibration, so the rate must fall with them;
   gibberish  every question at temperature 1.8: the rate must be clearly higher.
+
+`hallucination.py label URL FACTS REPS` asks the calibrate half straight from the server at the
+healthy temperature and prints its observed error rate and the number of answers labelled: the
+labelled sample of the reference that an operator states as `reference_rate` and
+`reference_labelled` (scripts/eval-hallucination.sh does this when no REFERENCE_RATE is given).
 
 Per method: AUROC of the score for "wrong" (bootstrap 95% interval), and a reliability table
 (the verdict, or score bins for a probability method, against the observed error rate).
@@ -20,6 +28,7 @@ Answers are held in memory only; the output has numbers.
 
 import json
 import math
+import os
 import re
 import sys
 import time
@@ -27,8 +36,12 @@ import time
 import evallib
 from evallib import http
 
-gp, admin, facts_path, reps, out_path = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 MODEL = "smollm2"
+HEALTHY_T = float(os.environ.get("HEALTHY_TEMPERATURE", "0.7"))
+if sys.argv[1] == "label":
+    gp, facts_path, reps = sys.argv[2].removeprefix("http://"), sys.argv[3], int(sys.argv[4])
+else:
+    gp, admin, facts_path, reps, out_path = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5]
 
 
 def metrics():
@@ -63,6 +76,13 @@ def ask(question, temperature):
     }
     r = json.loads(http(f"http://{gp}/v1/chat/completions", json.dumps(body).encode()))
     return r["choices"][0]["message"]["content"]
+
+
+if sys.argv[1] == "label":
+    wrong = [not correct(k, ask(q, HEALTHY_T), acc) for _ in range(reps) for k, q, acc in facts[0::2]]
+    print(f"calibrate half at temperature {HEALTHY_T}: {sum(wrong)} of {len(wrong)} wrong", file=sys.stderr)
+    print(round(sum(wrong) / len(wrong), 3), len(wrong))
+    sys.exit(0)
 
 
 def checked_total():
@@ -131,7 +151,11 @@ m0 = metrics()
 n0 = checked_total()
 phases = {}
 prev_m, prev_n = m0, n0
-for name, temp, questions in [("calibrate", 0.7, facts[0::2]), ("validate", 0.7, facts[1::2]), ("gibberish", 1.8, facts)]:
+plan = [("calibrate", HEALTHY_T, facts[0::2]), ("validate", HEALTHY_T, facts[1::2])]
+if HEALTHY_T != 0:
+    plan.append(("greedy", 0.0, facts[1::2]))
+plan.append(("gibberish", 1.8, facts))
+for name, temp, questions in plan:
     rows, kinds, m, n = run_phase(name, temp, prev_n, questions)
     rated = delta(m, prev_m, "goodput_consistency_rated_total")
     halluc = delta(m, prev_m, "goodput_consistency_hallucinated_total")
@@ -144,17 +168,45 @@ for name, temp, questions in [("calibrate", 0.7, facts[0::2]), ("validate", 0.7,
         "goodput_rate": wilson(int(halluc), int(rated)) if rated else None,
         "by_kind": by_kind(rows, kinds),
         "rows": rows,
+        "kinds": kinds,
     }
     prev_m, prev_n = m, n
     print(f"{name}: {len(rows)} responses, observed error rate {phases[name]['observed_error_rate']}, "
           f"goodput's rate {phases[name]['goodput_rate']} over {rated:.0f} rated; by kind {phases[name]['by_kind']}",
           file=sys.stderr)
 
+# goodput's interval for each phase and kind, as its windows compute it: the Wilson intervals of
+# the verdicts at the ends of the calibrated threshold's band (the stated rate's own interval).
+src = next(b["consistency_rate"] for b in json.loads(http(f"http://{admin}/admin/backends"))["backends"])
+band, primary = src.get("band"), src.get("method")
+
+
+def goodput_interval(rows):
+    scored = [s[primary] for _, s, h in rows if h is not None and primary in s]
+    if not band or not scored:
+        return None
+    upper = sum(v > band[0] for v in scored)
+    lower = sum(v > band[1] for v in scored)
+    return [wilson(lower, len(scored))[1], wilson(upper, len(scored))[2]]
+
+
+for p in phases.values():
+    p["goodput_rate_interval_with_calibration"] = goodput_interval(p["rows"])
+    for kind, entry in p["by_kind"].items():
+        entry["goodput_rate_interval_with_calibration"] = goodput_interval(
+            [r for r, k in zip(p["rows"], p["kinds"]) if k == kind]
+        )
+report_calibration = {k: src.get(k) for k in ("state", "method", "threshold", "band", "reference_rate", "reference_rate_interval", "checks")}
+
 methods = sorted({k for p in phases.values() for _, s, _ in p["rows"] for k in s})
 healthy = phases["calibrate"]["rows"] + phases["validate"]["rows"]
-report = {"phases": {}, "methods": {}}
+report = {"calibration": report_calibration, "phases": {}, "methods": {}}
 for name, p in phases.items():
-    report["phases"][name] = {k: v for k, v in p.items() if k != "rows"}
+    report["phases"][name] = {k: v for k, v in p.items() if k not in ("rows", "kinds")}
+    # Per response, numbers only (for analysis beyond this script): kind, label, scores, verdict.
+    report["phases"][name]["per_response"] = [
+        {"kind": k, "wrong": lab, "scores": sc, "hallucinated": h} for (lab, sc, h), k in zip(p["rows"], p["kinds"])
+    ]
 for meth in methods:
     entry = {
         "auroc_wrong_vs_right_healthy": auroc_ci(healthy, meth),
@@ -172,7 +224,7 @@ for meth in methods:
         thr = cal[len(cal) - 1 - above]
         entry["threshold_from_calibrate"] = thr
         rel = {}
-        for name in ["validate", "gibberish"]:
+        for name in [p for p in phases if p != "calibrate"]:
             rows = [(lab, s[meth]) for lab, s, _ in phases[name]["rows"] if meth in s]
             flagged = [lab for lab, v in rows if v > thr]
             passed = [lab for lab, v in rows if v <= thr]
