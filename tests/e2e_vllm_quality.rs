@@ -184,4 +184,12 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
     assert!(wrong(&g) > 0.8, "temperature 1.8 did not give gibberish: {:.2} wrong", wrong(&g));
     let (he, ge) = (eff(hb).expect("healthy effective TPS"), eff(gb).expect("gibberish effective TPS"));
     assert!(he > ge, "effective TPS: healthy {he}, gibberish {ge}");
+    // Both carry the interval of a calibration on a dozen checks: wide, and around the rate.
+    for (b, r) in [(hb, hr), (gb, gr)] {
+        let ci = &b["window"]["quality"]["hallucination_rate_interval"];
+        let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
+        assert!(lo <= r && r <= hi && lo < hi, "{r} not in {ci}");
+        let e = &b["window"]["goodput"]["effective_tps_interval"];
+        assert!(e[0].as_f64().unwrap() <= e[1].as_f64().unwrap(), "{e}");
+    }
 }
