@@ -11,8 +11,8 @@ when it names none of the accepted answers. Phases, one request at a time:
              of these responses (other questions, so that a server that repeats its answers
              cannot make the check pass by construction);
   greedy     (when the healthy temperature is not 0) the validate half again at temperature 0,
-             as factual questions are usually served: fewer wrong answers, under the same
-             calibration, so the rate must fall with them;
+             as factual questions are usually served: fewer wrong answers under the same
+             calibration, so a rate that tracks errors falls with them;
   gibberish  every question at temperature 1.8: the rate must be clearly higher.
 
 `hallucination.py label URL FACTS REPS` asks the calibrate half straight from the server at the
