@@ -34,6 +34,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
                 perplexity: Some(8.0 + i as f64),
                 rated: 20,
                 hallucination_rate: Some(0.05),
+                hallucination_rate_lower: Some(0.01),
             },
             degraded: None,
         })

@@ -228,6 +228,14 @@ async fn a_ranking_method_reports_a_rate_only_once_calibrated() {
     for (b, want) in [("lower", f(ci, 0)), ("estimate", rate), ("upper", f(ci, 1))] {
         assert!((bound(b) - want).abs() < 1e-12, "{b}: {} against {q}", bound(b));
     }
+    // The band's counters are what a router replica reads through Prometheus: their Wilson
+    // intervals over the rated count give the same bounds.
+    let band_count =
+        |end: &str| metric(&now, "goodput_consistency_hallucinated_band_total", &[("end", end)]) as u64;
+    let rated = q["consistency_rated"].as_u64().unwrap();
+    let wilson = |k: u64| goodput::goodput::wilson(k, rated, 1.96).unwrap();
+    assert!((wilson(band_count("lower")).0 - f(ci, 0)).abs() < 1e-12, "{now}");
+    assert!((wilson(band_count("upper")).1 - f(ci, 1)).abs() < 1e-12, "{now}");
     assert_eq!(metric(&text, "goodput_consistency_rated_total", &[]), 5.0);
     let text = gp.metrics().await;
     // The exposition format and JSON may print the same f64 with different digits.

@@ -130,3 +130,103 @@ routing:
     let m = b.metrics().await;
     assert!(metric(&m, "goodput_route_stats_reads_total", &[("result", "success")]) >= 1.0);
 }
+
+/// The hallucination rate's lower bound reaches a router replica through Prometheus from the
+/// band's counter, not from the verdicts alone. With a stated rate of 0.5 from 10 labelled
+/// answers, the band's lower end is a threshold well above the calibrated one, so it flags far
+/// fewer responses, and the two readings are told apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_hallucination_rate_interval_reaches_the_router_through_prometheus() {
+    let (sim_addr, _sim) = spawn_sim(0.0, 0.0, 24).await;
+    let a = Goodput::start(&format!(
+        "backends:\n  - name: sim\n    url: http://{sim_addr}\n    models: [sim-model]\n\
+         quality:\n  consistency:\n    sample_rate: 1.0\n    samples: 3\n    max_token_share: 100.0\n\
+         \x20   queue_capacity: 200\n    methods: [unigram]\n\
+         \x20   calibration: {{reference_backend: sim, checks: 10, reference_rate: 0.5, reference_labelled: 10}}\n"
+    ));
+    let ask = |i: usize| {
+        let body = serde_json::json!({
+            "model": "sim-model", "max_tokens": 24, "temperature": 0,
+            "messages": [{"role": "user", "content": format!("Tell me about tower number {i}.")}],
+        });
+        send(a.proxy, post_json("/v1/chat/completions", &body.to_string()))
+    };
+    let (_prom, port) = start_prometheus(a.admin, &[]);
+    for i in 0..10 {
+        assert_eq!(ask(i).await.status, 200);
+    }
+    wait_checked(&a, 10.0).await;
+    // Prometheus has seen the counters before they grow (increase() ignores a series' first
+    // value).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while scalar(&query(port, "sum(goodput_consistency_hallucinated_band_total{end=\"lower\"})").await)
+        .is_none()
+    {
+        assert!(Instant::now() < deadline, "Prometheus never scraped the band's counter");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    for i in 10..60 {
+        assert_eq!(ask(i).await.status, 200);
+    }
+    wait_checked(&a, 60.0).await;
+
+    let b = Goodput::start(&format!(
+        "backends:\n  - name: sim\n    url: http://{sim_addr}\n    models: [sim-model]\n\
+         routing:\n  stats: {{source: prometheus, prometheus_url: \"http://127.0.0.1:{port}\", refresh_secs: 1, range: 1m}}\n"
+    ));
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let stats = loop {
+        let v = b.admin_json("/admin/backends").await;
+        let s = v["backends"][0]["router_stats"].clone();
+        if v["stats_source"] == "prometheus" && s["rated"].as_u64().unwrap_or(0) >= 45 {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no consistency statistics from Prometheus: {v}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    // increase() extrapolates by the range, so counts read a moment apart differ; shares of the
+    // rated count do not (the three series start and end together).
+    let increase = |m: &'static str| async move {
+        scalar(&query(port, &format!("sum(increase({m}[600s]))")).await).expect(m)
+    };
+    let share = |m: &'static str| async move {
+        increase(m).await / increase("goodput_consistency_rated_total").await
+    };
+    let rated = stats["rated"].as_u64().unwrap();
+    let count = |share: f64| (share * rated as f64).round() as u64;
+    let hallucinated = count(share("goodput_consistency_hallucinated_total").await);
+    let band_lower = count(share("goodput_consistency_hallucinated_band_total{end=\"lower\"}").await);
+    assert!(
+        band_lower + 5 <= hallucinated,
+        "the band's lower end flags fewer: {band_lower} of {hallucinated}"
+    );
+    let wilson_lower = |k: u64| goodput::goodput::wilson(k, rated, 1.96).unwrap().0;
+    let got = stats["hallucination_rate_lower"].as_f64().expect("a lower bound");
+    assert!(
+        (got - wilson_lower(band_lower)).abs() <= wilson_lower(band_lower + 1) - wilson_lower(band_lower),
+        "{got} against {} from {band_lower} of {rated}: {stats}",
+        wilson_lower(band_lower)
+    );
+    assert!(got + 0.05 < wilson_lower(hallucinated), "not the verdicts' own interval: {stats}");
+    assert!(got <= stats["hallucination_rate"].as_f64().unwrap(), "{stats}");
+}
+
+async fn wait_checked(gp: &Goodput, n: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = gp.metrics().await;
+        if metric(&m, "goodput_consistency_checked_total", &[]) >= n {
+            return;
+        }
+        let ours: Vec<&str> = m
+            .lines()
+            .filter(|l| {
+                (l.starts_with("goodput_consistency_") || l.starts_with("goodput_shadow"))
+                    && !l.contains("_bucket")
+            })
+            .collect();
+        assert!(Instant::now() < deadline, "{n} checks never finished:\n{}", ours.join("\n"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -83,6 +83,7 @@ pub struct Metrics {
     pub consistency_checked: IntCounterVec,
     pub consistency_rated: IntCounterVec,
     pub consistency_hallucinated: IntCounterVec,
+    pub consistency_hallucinated_band: IntCounterVec,
     pub consistency_threshold: GaugeVec,
     pub quality_drift: GaugeVec,
     pub quality_drift_confident: GaugeVec,
@@ -414,6 +415,12 @@ impl Metrics {
                 "goodput_consistency_hallucinated_total",
                 "Rated responses judged hallucinated (score above the threshold): ÷ goodput_consistency_rated_total = the hallucination rate.",
                 l,
+            ),
+            consistency_hallucinated_band: counter(
+                &reg,
+                "goodput_consistency_hallucinated_band_total",
+                "Rated responses above the threshold at one end of the calibration's band (the thresholds of the stated rate's 95% interval; without a band, the threshold itself): the Wilson interval of end=\"lower\" ÷ goodput_consistency_rated_total gives the hallucination rate's lower bound, of end=\"upper\" its upper bound.",
+                &[REQ_LABELS[0], REQ_LABELS[1], REQ_LABELS[2], "end"],
             ),
             quality_drift: gauge(
                 &reg,

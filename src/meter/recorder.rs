@@ -339,10 +339,20 @@ fn run(
                         calibrator.source(c, &backend).verdict(res.score)
                     });
                     let labels = res.of.labels();
-                    if let Some(h) = verdict.map(|v| v.hallucinated) {
+                    if let Some(v) = verdict {
                         metrics.consistency_rated.with_label_values(&labels).inc();
-                        if h {
-                            metrics.consistency_hallucinated.with_label_values(&labels).inc();
+                        // inc_by(0) too: the series exist from the first verdict, so that
+                        // increase() over them reads 0 rather than nothing.
+                        metrics
+                            .consistency_hallucinated
+                            .with_label_values(&labels)
+                            .inc_by(u64::from(v.hallucinated));
+                        let [m, b, r] = labels;
+                        for (end, h) in [("lower", v.lower), ("upper", v.upper)] {
+                            metrics
+                                .consistency_hallucinated_band
+                                .with_label_values(&[m, b, r, end])
+                                .inc_by(u64::from(h));
                         }
                     }
                     for w in

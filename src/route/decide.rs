@@ -8,6 +8,7 @@
 //! 3. Compliance: a backend complies with a class when each of its windowed statistics that the
 //!    class constrains meets the bound. A statistic with fewer samples than the policy's minimum
 //!    is not trusted and does not disqualify (a new backend must be able to earn its numbers).
+//!    The hallucination rate misses its bound only when its whole 95% interval lies above it.
 //!    A backend whose quality has confidently drifted (`quality::drift`) complies with no class.
 //! 4. Choice among compliant backends by the class's objective; near-ties (within 5%) go to the
 //!    less loaded of two drawn at random (power of two choices).
@@ -55,6 +56,9 @@ pub struct Stats {
     /// threshold), and the share judged hallucinated; none without a verdict.
     pub rated: u64,
     pub hallucination_rate: Option<f64>,
+    /// The lower end of the rate's 95% interval (calibration's uncertainty included): a
+    /// `max_hallucination_rate` excludes a backend only when this is above it.
+    pub hallucination_rate_lower: Option<f64>,
 }
 
 /// A confident quality drift (`quality::drift`) as a choice sees it: the unit's mean score
@@ -214,11 +218,16 @@ fn each_violation(class: &Class, c: &Candidate, p: &Policy, mut f: impl FnMut(st
     {
         f(format_args!("perplexity {g:.1} > {b:.1}"));
     }
+    // Confidently above: a calibrated rate on tens of checks is uncertain by ±0.2, and a bound on
+    // its point estimate would exclude a healthy backend on that noise alone.
     if s.rated >= p.min_quality_samples
         && let (Some(b), Some(g)) = (class.max_hallucination_rate, s.hallucination_rate)
-        && g > b
     {
-        f(format_args!("hallucination rate {g:.2} > {b:.2}"));
+        match s.hallucination_rate_lower {
+            Some(lo) if lo > b => f(format_args!("hallucination rate {g:.2} (95% from {lo:.2}) > {b:.2}")),
+            None if g > b => f(format_args!("hallucination rate {g:.2} > {b:.2}")),
+            _ => {}
+        }
     }
     if let Some(g) = &c.degraded {
         f(format_args!("quality_degraded: {g}"));
@@ -401,6 +410,7 @@ mod tests {
                 perplexity: Some(ppl),
                 rated: 50,
                 hallucination_rate: Some(0.1),
+                hallucination_rate_lower: Some(0.05),
             },
             degraded: None,
         }
@@ -445,6 +455,7 @@ mod tests {
     fn non_compliant_backends_are_filtered_with_their_reasons() {
         let mut slow = cand("slow-cheap", 0.5, 900.0, 10.0);
         slow.stats.hallucination_rate = Some(0.5);
+        slow.stats.hallucination_rate_lower = Some(0.35);
         let cands = vec![slow, cand("ok", 2.0, 200.0, 10.0)];
         let d = decide(&class(Objective::Cheapest), &cands, &P, NO_EXPLORE);
         assert_eq!(
@@ -452,11 +463,35 @@ mod tests {
             (Some(1), Reason::Cheapest, Indices::from_slice(&[1]))
         );
         assert!(
-            d.explanation
-                .contains("slow-cheap misses ttft p95 900 ms > 500 ms, hallucination rate 0.50 > 0.30"),
+            d.explanation.contains(
+                "slow-cheap misses ttft p95 900 ms > 500 ms, hallucination rate 0.50 (95% from 0.35) > 0.30"
+            ),
             "{}",
             d.explanation
         );
+    }
+
+    #[test]
+    fn a_hallucination_rate_misses_its_bound_only_when_confidently_above() {
+        let cheap = |rate: f64, lower: Option<f64>| {
+            let mut c = cand("cheap", 0.5, 200.0, 10.0);
+            (c.stats.hallucination_rate, c.stats.hallucination_rate_lower) = (Some(rate), lower);
+            vec![c, cand("dear", 2.0, 200.0, 10.0)]
+        };
+        let pick = |cands: &[Candidate]| decide(&class(Objective::Cheapest), cands, &P, NO_EXPLORE);
+        // Above the bound of 0.3, but its interval reaches below it: kept.
+        assert_eq!(pick(&cheap(0.45, Some(0.25))).backend, Some(0));
+        // The whole interval above: out.
+        let d = pick(&cheap(0.45, Some(0.31)));
+        assert_eq!(d.backend, Some(1), "{}", d.explanation);
+        assert!(
+            d.explanation.contains("hallucination rate 0.45 (95% from 0.31) > 0.30"),
+            "{}",
+            d.explanation
+        );
+        // Without an interval the point decides.
+        assert_eq!(pick(&cheap(0.45, None)).backend, Some(1));
+        assert_eq!(pick(&cheap(0.25, None)).backend, Some(0));
     }
 
     #[test]

@@ -83,6 +83,7 @@ pub async fn read(
     let sel = matchers(&[selector]);
     let ok = matchers(&["outcome=\"ok\"", selector]);
     let out = matchers(&["type=\"output\"", selector]);
+    let band_lower = matchers(&["end=\"lower\"", selector]);
     let qr = format!("{quality_range_secs}s");
     let p95 = |m: &str, s: &str| {
         format!("histogram_quantile(0.95, sum by (backend, le) (rate({m}_bucket{s}[{range}]))) * 1000")
@@ -99,6 +100,7 @@ pub async fn read(
         ),
         format!("sum by (backend) (increase(goodput_consistency_rated_total{sel}[{qr}]))"),
         format!("sum by (backend) (increase(goodput_consistency_hallucinated_total{sel}[{qr}]))"),
+        format!("sum by (backend) (increase(goodput_consistency_hallucinated_band_total{band_lower}[{qr}]))"),
     ];
     let mut r = Vec::with_capacity(qs.len());
     for q in &qs {
@@ -107,26 +109,28 @@ pub async fn read(
     let mut names: Vec<&String> = r.iter().flat_map(|m| m.keys()).collect();
     names.sort();
     names.dedup();
-    let stats = names
-        .into_iter()
-        .map(|b| {
-            let g = |i: usize| r[i].get(b).copied();
-            let rated = g(7).unwrap_or(0.0).round() as u64;
-            let stats = Stats {
-                samples: g(0).unwrap_or(0.0).round() as u64,
-                ttft_p95_ms: g(1),
-                tpot_p95_ms: g(2),
-                e2e_p95_ms: g(3),
-                tokens_per_sec: g(4).unwrap_or(0.0),
-                scored: g(5).unwrap_or(0.0).round() as u64,
-                perplexity: g(6),
-                rated,
-                hallucination_rate: (rated > 0).then(|| (g(8).unwrap_or(0.0) / g(7).unwrap_or(1.0)).min(1.0)),
-            };
-            (b.clone(), stats)
-        })
-        .collect();
+    let stats = names.into_iter().map(|b| (b.clone(), stats_of(|i| r[i].get(b).copied()))).collect();
     Ok(stats)
+}
+
+/// One backend's statistics from its value of each query, in `read`'s order.
+fn stats_of(g: impl Fn(usize) -> Option<f64>) -> Stats {
+    let count = |i: usize| g(i).unwrap_or(0.0).round() as u64;
+    let rated = count(7);
+    // The band's counter is absent from replicas older than it: then the verdicts' own interval.
+    let lower = if g(9).is_some() { count(9) } else { count(8) };
+    Stats {
+        samples: count(0),
+        ttft_p95_ms: g(1),
+        tpot_p95_ms: g(2),
+        e2e_p95_ms: g(3),
+        tokens_per_sec: g(4).unwrap_or(0.0),
+        scored: count(5),
+        perplexity: g(6),
+        rated,
+        hallucination_rate: (rated > 0).then(|| (g(8).unwrap_or(0.0) / g(7).unwrap_or(1.0)).min(1.0)),
+        hallucination_rate_lower: crate::goodput::wilson(lower, rated, 1.96).map(|i| i.0),
+    }
 }
 
 /// Refresh the router's statistics from Prometheus while the config says so (reloads can turn
@@ -181,5 +185,29 @@ mod tests {
         assert_eq!(matchers(&[""]), "{}");
         assert_eq!(matchers(&["a=\"1\"", "namespace=\"llm\""]), "{a=\"1\",namespace=\"llm\"}");
         assert_eq!(encode("rate(x{a=\"b\"}[1m])"), "rate%28x%7Ba%3D%22b%22%7D%5B1m%5D%29");
+    }
+
+    #[test]
+    fn the_rate_lower_bound_comes_from_the_band_counter() {
+        // 40 rated, 20 judged hallucinated, 14 of them at the band's lower end.
+        let values = |band: Option<f64>| {
+            move |i: usize| match i {
+                7 => Some(40.0),
+                8 => Some(20.0),
+                9 => band,
+                _ => None,
+            }
+        };
+        let s = stats_of(values(Some(14.0)));
+        assert_eq!((s.rated, s.hallucination_rate), (40, Some(0.5)));
+        let want = crate::goodput::wilson(14, 40, 1.96).unwrap().0;
+        assert_eq!(s.hallucination_rate_lower, Some(want));
+        assert!((want - 0.2213).abs() < 1e-3, "{want}");
+        // A replica without the band's counter: the verdicts' own Wilson interval.
+        let s = stats_of(values(None));
+        assert_eq!(s.hallucination_rate_lower, Some(crate::goodput::wilson(20, 40, 1.96).unwrap().0));
+        // Nothing rated: no rate and no bound.
+        let s = stats_of(|_| None);
+        assert_eq!((s.hallucination_rate, s.hallucination_rate_lower), (None, None));
     }
 }

@@ -484,6 +484,7 @@ pub fn stats_of(w: &WindowSnapshot) -> Stats {
         perplexity: w.quality.perplexity_geomean,
         rated: w.quality.consistency_rated,
         hallucination_rate: w.quality.hallucination_rate,
+        hallucination_rate_lower: w.quality.hallucination_rate_interval.map(|i| i.0),
     }
 }
 
