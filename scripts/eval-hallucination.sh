@@ -8,6 +8,7 @@
 #   VLLM_URL=http://127.0.0.1:18021 REPS=2 scripts/eval-hallucination.sh
 #   METHODS="unigram, embedding" ...   # unigram calibrated; no judge (much faster)
 #   HEALTHY_TEMPERATURE=0 ...          # healthy traffic served greedily
+#   PERPLEXITY=1 ...                   # also score every response's perplexity (ranking only)
 #
 # REFERENCE_RATE (and REFERENCE_LABELLED, the answers it was measured on): the stated error rate
 # of the calibrate half. Without it, the script first asks that half straight from the server
@@ -31,6 +32,12 @@ OUT=target/eval
 mkdir -p "$OUT"
 EMBED="$(scripts/setup-embeddings.sh | tail -1)"
 ORT="$(scripts/setup-onnxruntime.sh | tail -1)"
+PPL_YAML=""
+if [ "${PERPLEXITY:-0}" = 1 ]; then
+  PPL_YAML="  sample_rate: 1.0
+  perplexity: {model_dir: $(scripts/setup-models.sh | tail -1), onnxruntime: $ORT}"
+fi
+export PERPLEXITY="${PERPLEXITY:-0}"
 cargo build --release --quiet
 BIN=target/release/goodput
 K6=unused DURATION=0 TOKENS=0
@@ -45,6 +52,7 @@ backends:
 metrics: {recent_records: 2000}
 quality:
   max_cpu: 16
+$PPL_YAML
   consistency:
     sample_rate: 1.0
     samples: 3

@@ -20,6 +20,10 @@ healthy temperature and prints its observed error rate and the number of answers
 labelled sample of the reference that an operator states as `reference_rate` and
 `reference_labelled` (scripts/eval-hallucination.sh does this when no REFERENCE_RATE is given).
 
+With PERPLEXITY=1 (goodput then scores every response's perplexity too) the record's perplexity
+and bits per byte are analysed beside the methods, as ranking signals: goodput derives no rate
+from them.
+
 Per method: AUROC of the score for "wrong" (bootstrap 95% interval), and a reliability table
 (the verdict, or score bins for a probability method, against the observed error rate).
 Per phase and kind of question: the observed error rate beside goodput's verdicts.
@@ -38,6 +42,7 @@ from evallib import http
 
 MODEL = "smollm2"
 HEALTHY_T = float(os.environ.get("HEALTHY_TEMPERATURE", "0.7"))
+PPL = os.environ.get("PERPLEXITY", "0") == "1"
 if sys.argv[1] == "label":
     gp, facts_path, reps = sys.argv[2].removeprefix("http://"), sys.argv[3], int(sys.argv[4])
 else:
@@ -92,7 +97,24 @@ def checked_total():
     )
 
 
+def ppl_total():
+    """Responses the perplexity scorer has finished with (0 when it is not configured)."""
+    m = metrics()
+    return sum(m.get(k, 0) for k in ("goodput_scored_responses_total", "goodput_scoring_dropped_total", "goodput_scoring_failed_total"))
+
+
+def scores(rec):
+    """The record's consistency scores, and with PERPLEXITY its perplexity and bits per byte
+    (ranking signals read here only; goodput calibrates no rate from them)."""
+    out = dict(rec.get("consistency_scores") or {})
+    for k in ("perplexity", "bits_per_byte"):
+        if PPL and rec.get(k) is not None:
+            out[k] = rec[k]
+    return out
+
+
 def run_phase(name, temperature, n_before, questions):
+    ppl_before = ppl_total() if PPL else 0
     labels, kinds = [], []
     for _ in range(reps):
         for kind, q, accepted in questions:
@@ -100,14 +122,14 @@ def run_phase(name, temperature, n_before, questions):
             kinds.append(kind)
     # Every check finished (or failed, or was skipped) before the counters are read.
     deadline = time.time() + 1800
-    while checked_total() < n_before + len(labels):
+    while checked_total() < n_before + len(labels) or (PPL and ppl_total() < ppl_before + len(labels)):
         if time.time() > deadline:
             sys.exit(f"{name}: checks did not finish")
         time.sleep(1)
     time.sleep(0.5)
     recs = json.loads(http(f"http://{admin}/admin/records?limit={len(labels)}"))
     recs.sort(key=lambda r: r["id"])
-    rows = [(lab, r.get("consistency_scores") or {}, r.get("hallucinated")) for lab, r in zip(labels, recs)]
+    rows = [(lab, scores(r), r.get("hallucinated")) for lab, r in zip(labels, recs)]
     m = metrics()
     return rows, kinds, m, n_before + len(labels)
 
@@ -236,7 +258,7 @@ for meth in methods:
             }
         entry["calibrated_verdicts"] = rel
     # A probability method: its score bins against the observed error rate.
-    bins = [0.0, 0.25, 0.5, 0.75, 1.0001]
+    bins = [0.0, 0.25, 0.5, 0.75, 1.0001] if meth not in ("perplexity", "bits_per_byte") else []
     table = []
     for lo, hi in zip(bins, bins[1:]):
         sel = [(lab, s[meth]) for lab, s, _ in healthy + phases["gibberish"]["rows"] if meth in s and lo <= s[meth] < hi]
