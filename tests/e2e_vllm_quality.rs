@@ -4,7 +4,8 @@
 //! SmolLM2's answers fall apart. goodput checks every response with the consistency setup of
 //! the reference config (`embedding` first, calibrated on `healthy` with the error rate the
 //! labelled evaluation measured), and must report a rate well below one half for `healthy`, a
-//! clearly higher one for `gibberish`, and effective TPS that puts `healthy` first.
+//! clearly higher one for `gibberish`, and effective TPS that puts `healthy` first; a class
+//! bounded by the rate then routes away from `gibberish`.
 
 mod common;
 
@@ -52,11 +53,15 @@ fn config(a: &Vllm, b: &Vllm, embed: &str, ort: &str) -> String {
     format!(
         r#"
 backends:
-  - {{name: healthy, url: "{}", models: [smollm2]}}
-  - {{name: gibberish, url: "{}", models: [smollm2]}}
+  - {{name: healthy, url: "{}", models: [smollm2], price: {{input_per_1m: 0.2, output_per_1m: 0.2}}}}
+  - {{name: gibberish, url: "{}", models: [smollm2], price: {{input_per_1m: 0.1, output_per_1m: 0.1}}}}
 routes:
   - {{name: healthy, match: {{headers: {{x-traffic: healthy}}}}, backends: [healthy]}}
   - {{name: gibberish, match: {{headers: {{x-traffic: gibberish}}}}, backends: [gibberish]}}
+  - {{name: either, match: {{headers: {{x-traffic: either}}}}, class: strict}}
+classes:
+  strict: {{max_hallucination_rate: 0.5, objective: cheapest}}
+routing: {{exploration: 0.0, response_headers: true}}
 metrics: {{window_secs: 900, recent_records: 1000}}
 quality:
   max_cpu: 2
@@ -192,4 +197,16 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
         let e = &b["window"]["goodput"]["effective_tps_interval"];
         assert!(e[0].as_f64().unwrap() <= e[1].as_f64().unwrap(), "{e}");
     }
+
+    // A class bounded at 0.5 routes by the interval: gibberish, the cheaper backend, is
+    // confidently over the bound and out; healthy, whose interval reaches below it, is chosen.
+    assert_eq!(ask(&gp, "either", 0.7, &rest[14..15]).await.len(), 1);
+    let routes = gp.admin_json("/admin/routes").await;
+    let e = routes["recent_decisions"][0]["explanation"].as_str().unwrap();
+    println!("decision: {e}");
+    assert!(
+        e.starts_with("cheapest: healthy among compliant [healthy]; gibberish misses hallucination rate"),
+        "{e}"
+    );
+    assert!(e.contains("(95% from ") && e.ends_with("> 0.50"), "{e}");
 }
