@@ -29,18 +29,6 @@ fn check_config_prints_the_path_of_each_bad_field() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
-async fn wait_for_reloads(gp: &Goodput, result: &str, n: f64) {
-    let t = Instant::now();
-    loop {
-        let m = gp.metrics().await;
-        if metric(&m, "goodput_config_reloads_total", &[("result", result)]) >= n {
-            return;
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "no {result} reload counted:\n{m}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reload_applies_valid_configs_and_keeps_serving_through_invalid_ones() {
     let (sim_addr, _sim) = spawn_sim(1.0, 1.0, 4).await;
@@ -51,12 +39,12 @@ async fn reload_applies_valid_configs_and_keeps_serving_through_invalid_ones() {
 
     // A valid change is picked up from the file system.
     std::fs::write(&gp.config, format!("{base}slo:\n  ttft_ms: 250\n")).unwrap();
-    wait_for_reloads(&gp, "success", 1.0).await;
+    wait_metric(&gp, "goodput_config_reloads_total", &[("result", "success")], 1.0).await;
     assert_eq!(admin_slo(gp.admin_json("/admin/config").await), Some(250.0));
 
     // An invalid one is rejected, counted, and the old config keeps serving.
     std::fs::write(&gp.config, format!("{base}slo:\n  ttft_ms: fast\n")).unwrap();
-    wait_for_reloads(&gp, "invalid", 1.0).await;
+    wait_metric(&gp, "goodput_config_reloads_total", &[("result", "invalid")], 1.0).await;
     assert_eq!(admin_slo(gp.admin_json("/admin/config").await), Some(250.0));
     let body = r#"{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", body)).await.status, 200);
@@ -65,13 +53,13 @@ async fn reload_applies_valid_configs_and_keeps_serving_through_invalid_ones() {
     let tmp = gp.dir.join(".new.yaml");
     std::fs::write(&tmp, format!("{base}slo:\n  ttft_ms: 400\n")).unwrap();
     std::fs::rename(&tmp, &gp.config).unwrap();
-    wait_for_reloads(&gp, "success", 2.0).await;
+    wait_metric(&gp, "goodput_config_reloads_total", &[("result", "success")], 2.0).await;
     assert_eq!(admin_slo(gp.admin_json("/admin/config").await), Some(400.0));
 
     // SIGHUP reloads too; an unchanged file is counted as such.
     let pid = gp.child.id().to_string();
     assert!(Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
-    wait_for_reloads(&gp, "unchanged", 1.0).await;
+    wait_metric(&gp, "goodput_config_reloads_total", &[("result", "unchanged")], 1.0).await;
     assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", body)).await.status, 200);
 }
 
@@ -82,7 +70,7 @@ async fn a_reload_says_which_changed_settings_wait_for_a_restart() {
     let gp = Goodput::start_logged(&format!("{base}quality:\n  sample_rate: 0.1\n"), &[], &[]);
     // A live setting and one read at start-up: the reload applies, and names the latter.
     std::fs::write(&gp.config, format!("{base}quality:\n  sample_rate: 0.2\n  max_cpu: 3\n")).unwrap();
-    wait_for_reloads(&gp, "success", 1.0).await;
+    wait_metric(&gp, "goodput_config_reloads_total", &[("result", "success")], 1.0).await;
     let q = &gp.admin_json("/admin/config").await["quality"];
     assert_eq!((q["sample_rate"].as_f64(), q["max_cpu"].as_f64()), (Some(0.2), Some(3.0)));
     let t = Instant::now();
@@ -94,7 +82,7 @@ async fn a_reload_says_which_changed_settings_wait_for_a_restart() {
     assert!(log.contains("quality.max_cpu") && !log.contains("sample_rate"), "{log}");
     // The next reload is compared with what runs (the start-up value), not with the last file.
     std::fs::write(&gp.config, format!("{base}quality:\n  sample_rate: 0.3\n  max_cpu: 3\n")).unwrap();
-    wait_for_reloads(&gp, "success", 2.0).await;
+    wait_metric(&gp, "goodput_config_reloads_total", &[("result", "success")], 2.0).await;
     let t = Instant::now();
     while gp.log().matches("take effect on restart").count() < 2 {
         assert!(t.elapsed() < Duration::from_secs(10), "max_cpu still differs:\n{}", gp.log());
@@ -112,7 +100,7 @@ async fn reload_does_not_drop_in_flight_streams() {
     let stream = tokio::spawn(async move { send(proxy, post_json("/v1/chat/completions", body)).await });
     tokio::time::sleep(Duration::from_millis(150)).await;
     std::fs::write(&gp.config, format!("{base}slo:\n  e2e_ms: 5000\n")).unwrap();
-    wait_for_reloads(&gp, "success", 1.0).await;
+    wait_metric(&gp, "goodput_config_reloads_total", &[("result", "success")], 1.0).await;
     let r = stream.await.unwrap();
     assert!(r.error.is_none());
     assert!(r.text().ends_with("data: [DONE]\n\n"));

@@ -22,18 +22,6 @@ fn chat(max_tokens: u32, stream: bool) -> String {
     .to_string()
 }
 
-async fn wait_for(gp: &Goodput, name: &str, labels: &[(&str, &str)], at_least: f64) -> String {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let text = gp.metrics().await;
-        if metric(&text, name, labels) >= at_least {
-            return text;
-        }
-        assert!(Instant::now() < deadline, "{name}{labels:?} never reached {at_least}:\n{text}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shadow_resamples_are_scored_and_not_user_traffic() {
     let (sim_addr, sim) = spawn_sim(0.0, 0.0, 24).await;
@@ -48,7 +36,7 @@ async fn shadow_resamples_are_scored_and_not_user_traffic() {
     assert_eq!(r.status, 400, "the upstream's answer reaches the client");
     let r = send(gp.proxy, post_json("/v1/chat/completions", &chat(24, true))).await;
     assert_eq!(r.status, 200);
-    let text = wait_for(&gp, "goodput_consistency_checked_total", &[("backend", "sim")], 1.0).await;
+    let text = wait_metric(&gp, "goodput_consistency_checked_total", &[("backend", "sim")], 1.0).await;
 
     // K = 3 re-samples in one request with n = 3 (the simulator honours `n`) and, for
     // `prompt`, one judge call per (sentence, sample).
@@ -108,7 +96,8 @@ async fn the_token_budget_skips_checks_and_counts_them() {
         let r = send(gp.proxy, post_json("/v1/chat/completions", &chat(16, false))).await;
         assert_eq!(r.status, 200);
     }
-    let text = wait_for(&gp, "goodput_shadow_checks_skipped_total", &[("reason", "token_budget")], 1.0).await;
+    let text =
+        wait_metric(&gp, "goodput_shadow_checks_skipped_total", &[("reason", "token_budget")], 1.0).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let text2 = gp.metrics().await;
     let shadow = metric(&text2, "goodput_shadow_tokens_total", &[]);
@@ -172,7 +161,7 @@ async fn a_ranking_method_reports_a_rate_only_once_calibrated() {
         (b["backends"][0]["consistency_rate"].clone(), b["backends"][0]["window"]["quality"].clone())
     };
     assert_eq!(ask(0).await.status, 200);
-    wait_for(&gp, "goodput_consistency_checked_total", &[], 1.0).await;
+    wait_metric(&gp, "goodput_consistency_checked_total", &[], 1.0).await;
     let (src, q) = rate_source().await;
     assert_eq!(
         (src["state"].as_str(), src["have"].as_u64(), src["need"].as_u64()),
@@ -189,8 +178,8 @@ async fn a_ranking_method_reports_a_rate_only_once_calibrated() {
     for i in 1..14 {
         assert_eq!(ask(i).await.status, 200);
     }
-    wait_for(&gp, "goodput_consistency_checked_total", &[], 14.0).await;
-    let text = wait_for(&gp, "goodput_consistency_rated_total", &[], 5.0).await;
+    wait_metric(&gp, "goodput_consistency_checked_total", &[], 14.0).await;
+    let text = wait_metric(&gp, "goodput_consistency_rated_total", &[], 5.0).await;
     let (src, q) = rate_source().await;
     assert_eq!(
         (src["state"].as_str(), src["reference"].as_str(), src["checks"].as_u64()),
@@ -261,7 +250,7 @@ async fn an_uncalibrated_ranking_method_reports_scores_and_no_rate() {
     let (sim_addr, _sim) = spawn_sim(0.0, 0.0, 24).await;
     let gp = Goodput::start_logged(&consistency_yaml(&sim_addr, ""), &[], &[]);
     assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", &chat(24, false))).await.status, 200);
-    let text = wait_for(&gp, "goodput_consistency_score_count", &[("method", "unigram")], 1.0).await;
+    let text = wait_metric(&gp, "goodput_consistency_score_count", &[("method", "unigram")], 1.0).await;
     assert_eq!(metric(&text, "goodput_consistency_rated_total", &[]), 0.0);
     assert_eq!(metric(&text, "goodput_consistency_hallucinated_total", &[]), 0.0);
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -309,7 +298,7 @@ async fn a_backend_that_refuses_n_gets_separate_resamples() {
     for i in 1..=2 {
         let r = send(gp.proxy, post_json("/v1/chat/completions", &chat(8, false))).await;
         assert_eq!(r.status, 200);
-        wait_for(&gp, "goodput_consistency_checked_total", &[], i as f64).await;
+        wait_metric(&gp, "goodput_consistency_checked_total", &[], i as f64).await;
     }
     let text = gp.metrics().await;
     let shadow = |kind: &str, outcome: &str| {

@@ -155,7 +155,7 @@ async fn the_hallucination_rate_interval_reaches_the_router_through_prometheus()
     for i in 0..10 {
         assert_eq!(ask(i).await.status, 200);
     }
-    wait_checked(&a, 10.0).await;
+    wait_metric(&a, "goodput_consistency_checked_total", &[], 10.0).await;
     // Prometheus has seen the counters before they grow (increase() ignores a series' first
     // value).
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -169,7 +169,7 @@ async fn the_hallucination_rate_interval_reaches_the_router_through_prometheus()
     for i in 10..60 {
         assert_eq!(ask(i).await.status, 200);
     }
-    wait_checked(&a, 60.0).await;
+    wait_metric(&a, "goodput_consistency_checked_total", &[], 60.0).await;
 
     let b = Goodput::start(&format!(
         "backends:\n  - name: sim\n    url: http://{sim_addr}\n    models: [sim-model]\n\
@@ -210,23 +210,4 @@ async fn the_hallucination_rate_interval_reaches_the_router_through_prometheus()
     );
     assert!(got + 0.05 < wilson_lower(hallucinated), "not the verdicts' own interval: {stats}");
     assert!(got <= stats["hallucination_rate"].as_f64().unwrap(), "{stats}");
-}
-
-async fn wait_checked(gp: &Goodput, n: f64) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let m = gp.metrics().await;
-        if metric(&m, "goodput_consistency_checked_total", &[]) >= n {
-            return;
-        }
-        let ours: Vec<&str> = m
-            .lines()
-            .filter(|l| {
-                (l.starts_with("goodput_consistency_") || l.starts_with("goodput_shadow"))
-                    && !l.contains("_bucket")
-            })
-            .collect();
-        assert!(Instant::now() < deadline, "{n} checks never finished:\n{}", ours.join("\n"));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }

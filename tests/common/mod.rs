@@ -194,6 +194,20 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         .sum()
 }
 
+/// Poll goodput's /metrics until `name{labels}` reaches `at_least` (20 s at most); the text
+/// that reached it.
+pub async fn wait_metric(gp: &Goodput, name: &str, labels: &[(&str, &str)], at_least: f64) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let text = gp.metrics().await;
+        if metric(&text, name, labels) >= at_least {
+            return text;
+        }
+        assert!(std::time::Instant::now() < deadline, "{name}{labels:?} never reached {at_least}:\n{text}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 pub struct Reply {
     pub status: StatusCode,
     pub headers: HeaderMap,
