@@ -33,7 +33,8 @@ fn by_id(mut recs: Vec<Value>) -> Vec<Value> {
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let n = v.len();
+    (v[(n - 1) / 2] + v[n / 2]) / 2.0
 }
 
 /// Greedy outputs are identical directly and through goodput, and every stream event is the
@@ -141,40 +142,71 @@ async fn token_counts_equal_vllms_own() {
 }
 
 /// goodput's clock against vLLM's (its TTFT and e2e histograms, one request at a time) and
-/// against the client's. vLLM's clock starts after its HTTP parsing and stops before the
-/// last chunk is written, so goodput is never earlier and a few ms later.
+/// against the client's. vLLM's clock starts after its HTTP parsing, chat template and
+/// tokenization, and stops before the last chunk is written, so goodput is never earlier than
+/// vLLM, nor the client earlier than goodput. How much later depends on how busy the machine
+/// is (tens of ms on two loaded cores, most of it vLLM's Python front end), so what goodput
+/// adds is measured against the same requests sent directly, alternating with the proxied ones.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timing_against_vllms_clock_and_the_clients() {
     let (_one, v) = vllm().await;
     let gp = goodput_before(&v).await;
     let seen = v.client("timing", gp.proxy).await;
-    let runs = seen["runs"].as_array().unwrap();
-    let recs = by_id(gp.records(runs.len()).await);
-    let (mut ttft_gap, mut e2e_gap, mut client_gap) = (vec![], vec![], vec![]);
-    for (run, r) in runs.iter().zip(&recs) {
-        let f = |k: &str| run[k].as_f64().unwrap() * 1e3;
-        let (gp_ttft, gp_e2e) = (r["ttft"].as_f64().unwrap() * 1e3, r["e2e"].as_f64().unwrap() * 1e3);
+    let (proxied, direct): (Vec<&Value>, Vec<&Value>) =
+        seen["runs"].as_array().unwrap().iter().partition(|r| r["via"] == "proxy");
+    let recs = by_id(gp.records(proxied.len()).await);
+    let ms = |run: &Value, k: &str| run[k].as_f64().unwrap() * 1e3;
+    let (mut gp_ttft_gap, mut client_gp_gap) = (vec![], vec![]);
+    for (run, r) in proxied.iter().zip(&recs) {
+        let (gp_ttft, gp_e2e) = (ms(r, "ttft"), ms(r, "e2e"));
         eprintln!(
-            "TTFT vLLM {:.1} goodput {gp_ttft:.1} client {:.1} ms; e2e vLLM {:.1} goodput {gp_e2e:.1} client {:.1} ms",
-            f("vllm_ttft"),
-            f("client_ttft"),
-            f("vllm_e2e"),
-            f("client_e2e")
+            "proxied: TTFT vLLM {:.1} goodput {gp_ttft:.1} client {:.1} ms; e2e vLLM {:.1} goodput {gp_e2e:.1} client {:.1} ms",
+            ms(run, "vllm_ttft"),
+            ms(run, "client_ttft"),
+            ms(run, "vllm_e2e"),
+            ms(run, "client_e2e")
         );
-        assert!(gp_ttft >= f("vllm_ttft"), "goodput saw the first token before vLLM made it");
-        assert!(gp_e2e >= f("vllm_e2e"), "goodput's request ended before vLLM's");
-        assert!(f("client_ttft") >= gp_ttft - 0.5, "the client saw the first token before goodput");
-        ttft_gap.push(gp_ttft - f("vllm_ttft"));
-        e2e_gap.push(gp_e2e - f("vllm_e2e"));
-        client_gap.push(f("client_ttft") - gp_ttft);
+        assert!(gp_ttft >= ms(run, "vllm_ttft"), "goodput saw the first token before vLLM made it");
+        assert!(gp_e2e >= ms(run, "vllm_e2e"), "goodput's request ended before vLLM's");
+        assert!(ms(run, "client_ttft") >= gp_ttft - 0.5, "the client saw the first token before goodput");
+        gp_ttft_gap.push(gp_ttft - ms(run, "vllm_ttft"));
+        client_gp_gap.push(ms(run, "client_ttft") - gp_ttft);
     }
-    let (t, e, c) = (median(ttft_gap), median(e2e_gap), median(client_gap));
+    for run in &direct {
+        eprintln!(
+            "direct:  TTFT vLLM {:.1} client {:.1} ms; e2e vLLM {:.1} client {:.1} ms",
+            ms(run, "vllm_ttft"),
+            ms(run, "client_ttft"),
+            ms(run, "vllm_e2e"),
+            ms(run, "client_e2e")
+        );
+    }
+    // What vLLM's clock leaves out, as the client sees it, directly and through goodput.
+    let outside = |runs: &[&Value], k: &str| {
+        median(runs.iter().map(|r| ms(r, &format!("client_{k}")) - ms(r, &format!("vllm_{k}"))).collect())
+    };
+    let (ttft_direct, ttft_proxied) = (outside(&direct, "ttft"), outside(&proxied, "ttft"));
+    let (e2e_direct, e2e_proxied) = (outside(&direct, "e2e"), outside(&proxied, "e2e"));
+    let gp_gap = median(gp_ttft_gap);
     eprintln!(
-        "median gaps: TTFT goodput-vLLM {t:.2} ms, e2e goodput-vLLM {e:.2} ms, client-goodput TTFT {c:.2} ms"
+        "medians outside vLLM's clock: TTFT {ttft_direct:.2} ms direct, {ttft_proxied:.2} through goodput \
+         (goodput's own {gp_gap:.2}, then {:.2} to the client); e2e {e2e_direct:.2} direct, {e2e_proxied:.2} through goodput",
+        median(client_gp_gap)
     );
-    assert!(t < 25.0, "goodput's TTFT is {t:.1} ms over vLLM's (median)");
-    assert!(e < 25.0, "goodput's e2e is {e:.1} ms over vLLM's (median)");
-    assert!(c < 10.0, "the client's TTFT is {c:.1} ms over goodput's (median)");
+    // goodput's TTFT is as close to vLLM's as a direct client's is: its clock starts when the
+    // request reaches it, and vLLM's front end is outside both.
+    assert!(
+        gp_gap < ttft_direct + 20.0,
+        "goodput's TTFT is {gp_gap:.1} ms over vLLM's, a direct client's {ttft_direct:.1} (medians)"
+    );
+    // What goodput adds is a few loopback hops and its own work, well under a millisecond
+    // (scripts/bench-ab.sh measures it, paced, side by side). Here the machine also runs vLLM
+    // and a Python client on two cores, and single requests jitter by tens of ms when it is
+    // busy, so these bounds are coarse: they catch a held chunk or a stalled write, not µs.
+    let added = ttft_proxied - ttft_direct;
+    assert!(added < 50.0, "goodput added {added:.1} ms to the client's TTFT (median)");
+    let added = e2e_proxied - e2e_direct;
+    assert!(added < 50.0, "goodput added {added:.1} ms to the client's e2e (median)");
 }
 
 /// A client that hangs up: vLLM frees the request within a second (goodput drops the upstream
