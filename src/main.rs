@@ -37,8 +37,9 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Run `fut` as a task on the worker threads (not on the main thread, which only waits), so that
-/// the accept loop shares the workers' event loop instead of waking a thread of its own.
+/// Run `fut` as a task on the worker threads (with several, not on the main thread, which only
+/// waits), so that the accept loop shares the workers' event loop instead of waking a thread of
+/// its own.
 fn on_runtime(
     workers: Option<usize>,
     fut: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
@@ -47,11 +48,19 @@ fn on_runtime(
     rt.block_on(async { tokio::spawn(fut).await.unwrap_or_else(|e| Err(format!("task failed: {e}"))) })
 }
 
+/// One worker is a current-thread runtime: the same one thread, without the work-stealing
+/// scheduler's bookkeeping on every wake-up (each streamed chunk wakes two tasks, hyper's
+/// upstream connection and the client's).
 fn runtime(workers: Option<usize>) -> tokio::runtime::Runtime {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    if let Some(n) = workers {
-        b.worker_threads(n.max(1));
-    }
+    let mut b = match workers {
+        Some(n) if n <= 1 => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            b.worker_threads(n);
+            b
+        }
+        None => tokio::runtime::Builder::new_multi_thread(),
+    };
     b.enable_all().thread_name("goodput-worker").build().expect("tokio runtime")
 }
 

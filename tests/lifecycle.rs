@@ -117,10 +117,20 @@ fn sigterm(gp: &Goodput) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_drains_in_flight_streams_then_exits() {
+    drains_in_flight_streams_then_exits(&[]).await;
+}
+
+/// One worker is a current-thread runtime (src/main.rs): the same path, signals and drain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_in_flight_streams_then_exits_on_one_worker() {
+    drains_in_flight_streams_then_exits(&["--workers", "1"]).await;
+}
+
+async fn drains_in_flight_streams_then_exits(args: &[&str]) {
     let (sim_addr, sim) = spawn_sim(0.0, 20.0, 60).await;
     let mut gp = Goodput::start_logged(
         &format!("backends:\n  - name: sim\n    url: http://{sim_addr}\n"),
-        &["--shutdown-grace-secs", "10"],
+        &[&["--shutdown-grace-secs", "10"], args].concat(),
         &[("RUST_LOG", "info")],
     );
     assert_eq!(send(gp.proxy, chat(false, 3)).await.status, 200);
