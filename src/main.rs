@@ -37,9 +37,8 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// Run `fut` as a task on the worker threads (with several, not on the main thread, which only
-/// waits), so that the accept loop shares the workers' event loop instead of waking a thread of
-/// its own.
+/// Run `fut` as a task, so that the accept loop shares the workers' event loop instead of waking
+/// a thread of its own (on a multi-thread runtime the main thread only waits in `block_on`).
 fn on_runtime(
     workers: Option<usize>,
     fut: impl std::future::Future<Output = Result<(), String>> + Send + 'static,
