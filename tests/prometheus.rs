@@ -101,22 +101,14 @@ routing:
   stats: {{source: prometheus, prometheus_url: "http://127.0.0.1:{port}", refresh_secs: 1, range: 1m}}
 "#
     ));
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let stats = loop {
-        let v = b.admin_json("/admin/backends").await;
-        let row = |n: &str| {
-            v["backends"].as_array().unwrap().iter().find(|x| x["name"] == n).unwrap()["router_stats"].clone()
-        };
-        let (q, s) = (row("quick"), row("sluggish"));
-        if v["stats_source"] == "prometheus"
-            && s["samples"].as_u64().unwrap_or(0) >= 5
-            && q["ttft_p95_ms"].is_number()
-        {
-            break (q, s);
-        }
-        assert!(Instant::now() < deadline, "no statistics from Prometheus: {v}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
+    let row = |v: &serde_json::Value, n: &str| {
+        v["backends"].as_array().unwrap().iter().find(|x| x["name"] == n).unwrap()["router_stats"].clone()
     };
+    let v = router_stats_from_prometheus(&b, |v| {
+        row(v, "sluggish")["samples"].as_u64().unwrap_or(0) >= 5 && row(v, "quick")["ttft_p95_ms"].is_number()
+    })
+    .await;
+    let stats = (row(&v, "quick"), row(&v, "sluggish"));
     let ttft = |v: &serde_json::Value| v["ttft_p95_ms"].as_f64().unwrap();
     assert!(ttft(&stats.0) < 100.0 && ttft(&stats.1) > 250.0, "{stats:?}");
     for _ in 0..8 {
@@ -175,16 +167,11 @@ async fn the_hallucination_rate_interval_reaches_the_router_through_prometheus()
         "backends:\n  - name: sim\n    url: http://{sim_addr}\n    models: [sim-model]\n\
          routing:\n  stats: {{source: prometheus, prometheus_url: \"http://127.0.0.1:{port}\", refresh_secs: 1, range: 1m}}\n"
     ));
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let stats = loop {
-        let v = b.admin_json("/admin/backends").await;
-        let s = v["backends"][0]["router_stats"].clone();
-        if v["stats_source"] == "prometheus" && s["rated"].as_u64().unwrap_or(0) >= 45 {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "no consistency statistics from Prometheus: {v}");
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let stats = router_stats_from_prometheus(&b, |v| {
+        v["backends"][0]["router_stats"]["rated"].as_u64().unwrap_or(0) >= 45
+    })
+    .await["backends"][0]["router_stats"]
+        .clone();
     // increase() extrapolates by the range, so counts read a moment apart differ; shares of the
     // rated count do not (the three series start and end together).
     let increase = |m: &'static str| async move {
@@ -210,4 +197,21 @@ async fn the_hallucination_rate_interval_reaches_the_router_through_prometheus()
     );
     assert!(got + 0.05 < wilson_lower(hallucinated), "not the verdicts' own interval: {stats}");
     assert!(got <= stats["hallucination_rate"].as_f64().unwrap(), "{stats}");
+}
+
+/// `/admin/backends` of a router replica once its statistics come from Prometheus and `ready`
+/// holds for them (40 s at most).
+async fn router_stats_from_prometheus(
+    gp: &Goodput,
+    ready: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(40);
+    loop {
+        let v = gp.admin_json("/admin/backends").await;
+        if v["stats_source"] == "prometheus" && ready(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "no statistics from Prometheus: {v}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
 }
