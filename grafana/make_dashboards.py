@@ -139,7 +139,7 @@ def overview():
         [(f"sum by (backend) (rate(goodput_slo_met_requests_total{{{SEL}}}[{RI}])) / sum by (backend) (rate(goodput_slo_judged_requests_total{{{SEL}}}[{RI}]))", "{{backend}}")],
         "percentunit",
         w=8,
-        description="Share of judged requests (all but client cancellations) that met every SLO.",
+        description="Share of judged requests (all but client cancellations and the client's own 4xx errors other than 429) that met every SLO.",
     )
     b.panel(
         "Server queue and batch (vLLM)",

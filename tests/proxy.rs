@@ -498,8 +498,20 @@ async fn metrics_latency_goodput_and_label_bounds() {
     assert_eq!(send(gp.proxy, stream_req("sim-model")).await.status, 200);
     // A model the config does not name must not become a label value.
     assert_eq!(send(gp.proxy, stream_req("attacker-controlled-123")).await.status, 200);
-    gp.records(5).await;
+    // The client's own error (the upstream refuses malformed JSON) is not judged.
+    let bad = send(gp.proxy, post_json("/v1/chat/completions", r#"{"model":"sim-model","#)).await;
+    assert_eq!(bad.status, 400);
+    gp.records(6).await;
     let m = gp.metrics().await;
+    let unknown = [("gen_ai_request_model", "unknown"), ("backend", "s")];
+    let bad = [unknown[0], unknown[1], ("outcome", "client_error"), ("status", "400")];
+    assert_eq!(metric(&m, "goodput_requests_total", &bad), 1.0);
+    assert_eq!(series(&m, "goodput_slo_judged_requests_total", &unknown), [] as [f64; 0]);
+    // The slow request of a model no request met the SLO for: its met series exist, at 0.
+    let other = [("gen_ai_request_model", "other"), ("backend", "s")];
+    assert_eq!(series(&m, "goodput_slo_judged_requests_total", &other), [1.0]);
+    assert_eq!(series(&m, "goodput_slo_met_requests_total", &other), [0.0]);
+    assert_eq!(series(&m, "goodput_slo_met_output_tokens_total", &other), [0.0]);
     let l = [("gen_ai_request_model", "sim-model"), ("backend", "s")];
     assert_eq!(metric(&m, "gen_ai_server_time_to_first_token_seconds_count", &l), 4.0);
     assert_eq!(metric(&m, "goodput_slo_judged_requests_total", &l), 4.0);
@@ -520,7 +532,8 @@ async fn metrics_latency_goodput_and_label_bounds() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     let b = gp.admin_json("/admin/backends").await;
     let w = &b["backends"][0]["window"];
-    assert_eq!(w["counts"]["requests"], 5);
+    assert_eq!(w["counts"]["requests"], 6);
+    assert_eq!(w["counts"]["slo_judged"], 5, "the client's own error is not judged");
     let p50 = w["ttft"]["p50"].as_f64().unwrap();
     assert!((0.019..0.040).contains(&p50), "windowed TTFT p50 {p50}");
 }

@@ -14,6 +14,9 @@ pub enum Ending {
     Failed,
     /// The client left: neither met nor missed.
     Cancelled,
+    /// The request was the client's own error (`RequestRecord::latencies`): neither met nor
+    /// missed, so a client that sends bad requests cannot burn the service's SLO budget.
+    ClientFault,
 }
 
 /// What the SLO judgement reads of one request (`RequestRecord::latencies`).
@@ -26,13 +29,14 @@ pub struct Latencies {
     pub e2e: Duration,
 }
 
-/// Whether `r` met every SLO in `slo`. `None`: not judged (the client cancelled, so the
-/// backend neither met nor missed anything). Errors always miss. A non-streaming response's
+/// Whether `r` met every SLO in `slo`. `None`: not judged (the client cancelled, or the
+/// request was its own error, so the backend neither met nor missed anything). Every other
+/// error misses. A non-streaming response's
 /// first token reaches the client with the whole body, so its TTFT is its e2e latency; TPOT
 /// is only judged where it was measured (streams).
 pub fn judge(r: &Latencies, slo: &Slo) -> Option<bool> {
     match r.ending {
-        Ending::Cancelled => return None,
+        Ending::Cancelled | Ending::ClientFault => return None,
         Ending::Failed => return Some(false),
         Ending::Answered => {}
     }
@@ -220,6 +224,7 @@ mod tests {
         assert_eq!(judge(&rec(Ending::Failed, Some(1), Some(1), 2), &SLO), Some(false));
         assert_eq!(judge(&rec(Ending::Failed, None, None, 2), &SLO), Some(false));
         assert_eq!(judge(&rec(Ending::Cancelled, Some(1), None, 2), &SLO), None);
+        assert_eq!(judge(&rec(Ending::ClientFault, None, None, 2), &SLO), None);
     }
 
     #[test]

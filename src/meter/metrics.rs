@@ -288,7 +288,7 @@ impl Metrics {
             slo_judged: counter(
                 &reg,
                 "goodput_slo_judged_requests_total",
-                "Requests judged against the SLOs (all but client cancellations; errors count as misses).",
+                "Requests judged against the SLOs (all but client cancellations and the client's own errors, a 4xx other than 429; other errors count as misses).",
                 l,
             ),
             slo_met: counter(&reg, "goodput_slo_met_requests_total", "Requests that met every SLO.", l),

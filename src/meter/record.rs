@@ -183,6 +183,13 @@ impl RequestRecord {
         let ending = match self.outcome {
             Outcome::Ok => Ending::Answered,
             Outcome::Cancelled => Ending::Cancelled,
+            // A 4xx is the client's request at fault (malformed, too large, an unknown model,
+            // a prompt over the context length), except 429: the service had no capacity.
+            Outcome::ClientError | Outcome::Rejected
+                if (400..500).contains(&self.status) && self.status != 429 =>
+            {
+                Ending::ClientFault
+            }
             _ => Ending::Failed,
         };
         crate::goodput::Latencies { ending, ttft: self.ttft, tpot: self.tpot, e2e: self.e2e }
@@ -199,5 +206,34 @@ impl RequestRecord {
             }
             _ => None,
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::goodput::Ending;
+
+    #[test]
+    fn the_clients_own_errors_are_not_judged_and_capacity_refusals_miss() {
+        let ending =
+            |outcome, status| RequestRecord { outcome, status, ..Default::default() }.latencies().ending;
+        assert_eq!(ending(Outcome::Ok, 200), Ending::Answered);
+        assert_eq!(ending(Outcome::Cancelled, 200), Ending::Cancelled);
+        // The upstream's 400 (e.g. vLLM's prompt over the context length), 404, 413 and 422.
+        for status in [400, 404, 408, 413, 422] {
+            assert_eq!(ending(Outcome::ClientError, status), Ending::ClientFault, "{status}");
+        }
+        // goodput's own refusal of a bad request (400 bad target, 413 body too large).
+        assert_eq!(ending(Outcome::Rejected, 413), Ending::ClientFault);
+        // No capacity, upstream or here: the service missed.
+        assert_eq!(ending(Outcome::ClientError, 429), Ending::Failed);
+        assert_eq!(ending(Outcome::Rejected, 429), Ending::Failed);
+        assert_eq!(ending(Outcome::Rejected, 503), Ending::Failed);
+        for outcome in
+            [Outcome::UpstreamError, Outcome::UpstreamReset, Outcome::ConnectError, Outcome::Timeout]
+        {
+            assert_eq!(ending(outcome, 502), Ending::Failed, "{outcome:?}");
+        }
     }
 }

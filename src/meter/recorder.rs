@@ -702,10 +702,11 @@ fn observe(m: &Metrics, r: &RequestRecord) {
         let out = r.completion_tokens.unwrap_or(0);
         m.slo_judged.with_label_values(&labels).inc();
         m.slo_judged_tokens.with_label_values(&labels).inc_by(out);
-        if met {
-            m.slo_met.with_label_values(&labels).inc();
-            m.slo_met_tokens.with_label_values(&labels).inc_by(out);
-        }
+        // inc_by(0) on a miss too: a backend or route that has met no SLO since goodput
+        // started has a met series at 0, so attainment reads 0 and the burn-rate alerts fire,
+        // where a missing series would make both ratios empty.
+        m.slo_met.with_label_values(&labels).inc_by(u64::from(met));
+        m.slo_met_tokens.with_label_values(&labels).inc_by(if met { out } else { 0 });
     }
     if r.outcome != Outcome::Rejected {
         m.overhead.observe(r.overhead.as_secs_f64());

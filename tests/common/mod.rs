@@ -184,6 +184,12 @@ pub async fn spawn_sim(
 
 /// Sum of all samples of `name` whose labels include every `k="v"` in `labels`.
 pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    series(text, name, labels).iter().sum()
+}
+
+/// The values of every series `name{labels}` in a Prometheus text exposition (empty when
+/// none exists, which `metric` cannot tell from a series at 0).
+pub fn series(text: &str, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter(|l| {
@@ -191,7 +197,7 @@ pub fn metric(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
             n == name && labels.iter().all(|(k, v)| rest.contains(&format!("{k}=\"{v}\"")))
         })
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .collect()
 }
 
 /// Poll goodput's /metrics until `name{labels}` reaches `at_least` (20 s at most); the text
