@@ -36,6 +36,11 @@ async fn reload_applies_valid_configs_and_keeps_serving_through_invalid_ones() {
     let gp = Goodput::start(&format!("{base}slo:\n  ttft_ms: 1000\n"));
     let admin_slo = |v: serde_json::Value| v["slo"]["ttft_ms"].as_f64();
     assert_eq!(admin_slo(gp.admin_json("/admin/config").await), Some(1000.0));
+    // At 0 before any reload, so that increase() sees the first invalid one (the alert's query).
+    let m = gp.metrics().await;
+    for result in ["success", "invalid", "unchanged"] {
+        assert_eq!(series(&m, "goodput_config_reloads_total", &[("result", result)]), [0.0], "{result}");
+    }
 
     // A valid change is picked up from the file system.
     std::fs::write(&gp.config, format!("{base}slo:\n  ttft_ms: 250\n")).unwrap();

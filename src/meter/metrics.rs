@@ -237,7 +237,7 @@ impl Metrics {
         )
         .expect("valid gauge");
         reg.register(Box::new(scoring_cpu_budget.clone())).expect("unique metric");
-        Metrics {
+        let m = Metrics {
             ttft: hist(
                 &reg,
                 "gen_ai_server_time_to_first_token_seconds",
@@ -597,7 +597,17 @@ impl Metrics {
                 "Tokio tasks alive at scrape time (connections, streams, background loops): a leak shows as growth.",
             ),
             registry: reg,
+        };
+        // Counters that alerts read with increase() or rate() exist at 0 from the start: a
+        // series that first appears at 1 shows no increase, so the first invalid reload would
+        // never fire GoodputConfigReloadFailed.
+        for result in ["success", "invalid", "unchanged"] {
+            m.config_reloads.with_label_values(&[result]);
         }
+        for reason in ["queue_full", "cpu_budget", "nothing_to_score"] {
+            m.scoring_dropped.with_label_values(&[reason]);
+        }
+        m
     }
 
     /// goodput_requests_total summed by outcome (logged at shutdown).
