@@ -42,12 +42,26 @@ backends:
   - name: slow
     sim: {model: m, ttft_ms: 300, tpot_ms: 1, output_tokens: 8}
     price: {input_per_1m: 1.0, output_per_1m: 1.0}
+  - name: new
+    sim: {model: m, ttft_ms: 300, tpot_ms: 1, output_tokens: 8}
+    price: {input_per_1m: 0.5, output_per_1m: 0.5}
 classes:
   interactive: {ttft_p95_ms: 100, objective: cheapest}
+routes:
+  - {name: pinned-slow, match: {headers: {x-pin: slow}}, backends: [slow]}
+  - {name: pinned-new, match: {headers: {x-pin: new}}, backends: [new]}
 routing: {default_class: interactive, min_samples: 3, exploration: 0.0}
 "#,
     );
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
+    // Samples for the two slow backends through routes pinned to them: enough for slow to be
+    // judged (3), one for new, whose one sample holds it back without disqualifying it.
+    for pin in ["slow", "slow", "slow", "new"] {
+        let mut req = post_json("/v1/chat/completions", body);
+        req.headers_mut().insert("x-pin", pin.parse().unwrap());
+        assert_eq!(send(gp.proxy, req).await.status, 200);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
     for _ in 0..12 {
         assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", body)).await.status, 200);
     }
@@ -60,12 +74,16 @@ routing: {default_class: interactive, min_samples: 3, exploration: 0.0}
         "the script ran and read the API: {dom}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    for b in ["fast", "slow"] {
+    for b in ["fast", "slow", "new"] {
         assert!(dom.contains(&format!(r#"<tr data-backend="{b}">"#)), "row for {b}: {dom}");
     }
     // Compliance: slow misses the class's TTFT bound, fast meets it.
     assert!(dom.contains(r#"slow: <span class="warn">misses</span> <span class="why">ttft p95"#), "{dom}");
     assert!(dom.contains(r#"fast: <span class="ok">compliant</span>"#), "{dom}");
+    assert!(
+        dom.contains(r#"new: <span class="ok">compliant</span> <span class="why" data-provisional="">its few samples miss ttft p95"#),
+        "{dom}"
+    );
     // Recent decisions with their reasons, and live charts drawn from several refreshes.
     assert!(dom.contains("<td>cheapest</td>") || dom.contains("<td>sla_unmet</td>"), "{dom}");
     let charts = dom.matches(r#"<svg class="spark" viewBox="0 0 120 28"><path d="M"#).count();

@@ -236,7 +236,7 @@ fn backends(proxy: &Proxy) -> serde_json::Value {
 }
 
 fn routes(proxy: &Proxy, limit: usize) -> serde_json::Value {
-    use crate::route::decide::violations;
+    use crate::route::decide::{provisional_misses, violations};
     let snap = proxy.config.load_full();
     let windows = proxy.recorder.shared.windows.load();
     let classes = proxy.recorder.shared.classes.load();
@@ -274,6 +274,7 @@ fn routes(proxy: &Proxy, limit: usize) -> serde_json::Value {
                         "outstanding": c.outstanding,
                         "compliant": v.is_empty(),
                         "violations": v,
+                        "provisional_misses": provisional_misses(&r.class, c, &snap.policy),
                         "stats": c.stats,
                         "decisions": counts,
                     })

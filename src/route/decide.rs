@@ -196,21 +196,49 @@ fn violated(class: &Class, c: &Candidate, p: &Policy) -> usize {
     n
 }
 
+/// The latency bounds a candidate's window misses, whether or not it holds enough samples to
+/// be trusted.
+fn each_latency_miss(class: &Class, s: &Stats, mut f: impl FnMut(std::fmt::Arguments)) {
+    for (what, bound, got) in [
+        ("ttft p95", class.ttft_p95_ms, s.ttft_p95_ms),
+        ("tpot p95", class.tpot_p95_ms, s.tpot_p95_ms),
+        ("e2e p95", class.e2e_p95_ms, s.e2e_p95_ms),
+    ] {
+        if let (Some(b), Some(g)) = (bound, got)
+            && g > b
+        {
+            f(format_args!("{what} {g:.0} ms > {b:.0} ms"));
+        }
+    }
+}
+
+/// The latency bounds that the few samples of a candidate not yet trusted (fewer than
+/// `min_samples`) already miss. Too few to call it non-compliant, enough not to send it the
+/// class's traffic while another compliant backend is not held back: it then gets the
+/// exploration share only, until it has enough samples to be judged or none are left in the
+/// window. Otherwise a known-slow cheaper backend would take a request (an SLO miss) each time
+/// one of its samples left the window, to stay measured.
+pub fn provisional_misses(class: &Class, c: &Candidate, p: &Policy) -> Vec<String> {
+    let mut v = Vec::new();
+    if (1..p.min_samples).contains(&c.stats.samples) {
+        each_latency_miss(class, &c.stats, |what| v.push(what.to_string()));
+    }
+    v
+}
+
+fn held_back(class: &Class, c: &Candidate, p: &Policy) -> bool {
+    let mut held = false;
+    if (1..p.min_samples).contains(&c.stats.samples) {
+        each_latency_miss(class, &c.stats, |_| held = true);
+    }
+    held
+}
+
 /// Calls `f` with each violated bound, described (the description is formatted only if used).
 fn each_violation(class: &Class, c: &Candidate, p: &Policy, mut f: impl FnMut(std::fmt::Arguments)) {
     let s = &c.stats;
     if s.samples >= p.min_samples {
-        for (what, bound, got) in [
-            ("ttft p95", class.ttft_p95_ms, s.ttft_p95_ms),
-            ("tpot p95", class.tpot_p95_ms, s.tpot_p95_ms),
-            ("e2e p95", class.e2e_p95_ms, s.e2e_p95_ms),
-        ] {
-            if let (Some(b), Some(g)) = (bound, got)
-                && g > b
-            {
-                f(format_args!("{what} {g:.0} ms > {b:.0} ms"));
-            }
-        }
+        each_latency_miss(class, s, &mut f);
     }
     if s.scored >= p.min_quality_samples
         && let (Some(b), Some(g)) = (class.max_perplexity, s.perplexity)
@@ -348,8 +376,29 @@ fn decide_with(class: &Class, cands: &[Candidate], p: &Policy, d: Draw, explain:
             compliant,
         };
     }
-    let best = compliant.iter().map(|&i| cost(class.objective, &cands[i])).fold(f64::INFINITY, f64::min);
-    let near: Indices = compliant
+    // Compliant backends whose few samples already miss a bound are held back while another
+    // compliant one is not (a cold start, where every backend is new, still learns).
+    let held: Indices = compliant.iter().copied().filter(|&i| held_back(class, &cands[i], p)).collect();
+    let pool: Indices = if held.len() < compliant.len() {
+        compliant.iter().copied().filter(|i| !held.contains(i)).collect()
+    } else {
+        compliant.clone()
+    };
+    if explain && held.len() < compliant.len() {
+        for &i in &held {
+            let c = &cands[i];
+            let _ = write!(
+                why,
+                "; {} held back: its {} of {} samples miss {}",
+                c.name,
+                c.stats.samples,
+                p.min_samples,
+                provisional_misses(class, c, p).join(", ")
+            );
+        }
+    }
+    let best = pool.iter().map(|&i| cost(class.objective, &cands[i])).fold(f64::INFINITY, f64::min);
+    let near: Indices = pool
         .iter()
         .copied()
         .filter(|&i| {
@@ -526,14 +575,43 @@ mod tests {
     }
 
     #[test]
-    fn untrusted_statistics_do_not_disqualify() {
-        let mut new = cand("new", 0.1, 5000.0, 99.0);
-        new.stats.samples = 3;
-        new.stats.scored = 2;
-        new.stats.rated = 0;
-        let cands = vec![cand("old", 1.0, 200.0, 10.0), new];
-        let d = decide(&class(Objective::Cheapest), &cands, &P, NO_EXPLORE);
-        assert_eq!(d.backend, Some(1), "too few samples to hold 5 s TTFT against it: {}", d.explanation);
+    fn untrusted_statistics_do_not_disqualify_but_hold_back_a_backend_that_misses_already() {
+        let new = |samples: u64, ttft: f64| {
+            let mut c = cand("new", 0.1, ttft, 99.0);
+            (c.stats.samples, c.stats.scored, c.stats.rated) = (samples, 2, 0);
+            vec![cand("old", 1.0, 200.0, 10.0), c]
+        };
+        let pick = |cands: &[Candidate]| decide(&class(Objective::Cheapest), cands, &P, NO_EXPLORE);
+        // Unmeasured, or its few samples within the bounds: the cheaper new backend is taken.
+        assert_eq!(pick(&new(0, 5000.0)).backend, Some(1), "no samples: only its ttft field says 5 s");
+        let d = pick(&new(3, 300.0));
+        assert_eq!(d.backend, Some(1), "{}", d.explanation);
+        // 3 samples at 5 s TTFT: too few to call it non-compliant, but the traffic stays on the
+        // trusted compliant backend, and the new one keeps the exploration share.
+        let d = pick(&new(3, 5000.0));
+        assert_eq!((d.backend, d.reason), (Some(0), Reason::Cheapest), "{}", d.explanation);
+        assert_eq!(d.compliant, Indices::from_slice(&[0, 1]), "not disqualified");
+        assert!(
+            d.explanation.contains("new held back: its 3 of 20 samples miss ttft p95 5000 ms > 500 ms"),
+            "{}",
+            d.explanation
+        );
+        let explored =
+            decide(&class(Objective::Cheapest), &new(3, 5000.0), &P, Draw { explore: 0.0, a: 1, b: 1 });
+        assert_eq!((explored.backend, explored.reason), (Some(1), Reason::Explore));
+        // Every compliant backend held back (a cold start): the objective still decides.
+        let mut both = new(3, 5000.0);
+        both[0].stats.samples = 2;
+        both[0].stats.ttft_p95_ms = Some(900.0);
+        assert_eq!(pick(&both).backend, Some(1));
+        assert_eq!(
+            provisional_misses(&class(Objective::Cheapest), &both[0], &P),
+            ["ttft p95 900 ms > 500 ms"]
+        );
+        assert!(
+            provisional_misses(&class(Objective::Cheapest), &cand("trusted", 1.0, 900.0, 10.0), &P)
+                .is_empty()
+        );
     }
 
     #[test]
