@@ -31,9 +31,8 @@ pub struct Latencies {
 
 /// Whether `r` met every SLO in `slo`. `None`: not judged (the client cancelled, or the
 /// request was its own error, so the backend neither met nor missed anything). Every other
-/// error misses. A non-streaming response's
-/// first token reaches the client with the whole body, so its TTFT is its e2e latency; TPOT
-/// is only judged where it was measured (streams).
+/// error misses. A non-streaming response's first token reaches the client with the whole
+/// body, so its TTFT is its e2e latency; TPOT is only judged where it was measured (streams).
 pub fn judge(r: &Latencies, slo: &Slo) -> Option<bool> {
     match r.ending {
         Ending::Cancelled | Ending::ClientFault => return None,
