@@ -56,7 +56,8 @@ cargo clippy --release --all-targets -- -D warnings
 # The `cuda` build too (tests/cuda.rs, the CUDA provider's code): CI has no GPU to run it on;
 # scripts/gpu-check.sh runs it on one.
 cargo clippy --release --all-targets --features cuda -- -D warnings
-cargo test --release --tests
+# Every test binary runs even after one fails, so that one CI run reports every failure.
+cargo test --release --tests --no-fail-fast
 # The fuzz targets (fuzz/, cargo-fuzz on nightly), briefly: they keep compiling and their
 # properties keep holding; RELIABILITY.md has the long runs.
 scripts/fuzz.sh "${GOODPUT_FUZZ_SECS:-30}"

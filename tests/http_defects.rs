@@ -154,6 +154,7 @@ async fn f3_an_unasked_upgrade_is_a_502_and_its_connection_is_dropped() {
     })
     .await;
     let gp = Goodput::start(&config_for(up, ""));
+    gp.wait_ready().await;
     let (status, _, body) = exchange(gp.proxy, chat_request().as_bytes()).await;
     assert_eq!(status, 502, "{body}");
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -212,6 +213,7 @@ async fn f6_a_post_the_upstream_read_is_never_sent_again() {
     // that pooled connection, which then closes without an answer.
     let (up, conns, requests) = counting_upstream(|n, _| (n != 1).then(ok_answer)).await;
     let gp = Goodput::start(&config_for(up, ""));
+    gp.wait_ready().await;
     let mut s = TcpStream::connect(gp.proxy).await.unwrap();
     s.write_all(chat_request().as_bytes()).await.unwrap();
     assert_eq!(read_answer(&mut s).await.0, 200);
@@ -252,14 +254,7 @@ async fn upstream_connections_are_kept_alive_and_one_the_server_closed_is_replac
     // Keep-alive: five requests one after another share one upstream connection.
     let (up, conns, requests) = counting_upstream(|_, _| Some(ok_answer())).await;
     let gp = Goodput::start(&config_for(up, ""));
-    // Once ready, goodput's start-up probe of the upstream is over: it cannot hold a pooled
-    // connection while the first request looks for one (on a busy machine it did).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while send(gp.admin, http::Request::get("/readyz").body(Default::default()).unwrap()).await.status != 200
-    {
-        assert!(std::time::Instant::now() < deadline, "goodput never became ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gp.wait_ready().await;
     for _ in 0..5 {
         assert_eq!(exchange(gp.proxy, chat_request().as_bytes()).await.0, 200);
     }

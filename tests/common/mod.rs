@@ -109,6 +109,17 @@ impl Goodput {
         String::from_utf8(r.body.to_vec()).unwrap()
     }
 
+    /// Wait until /readyz answers 200. goodput's start-up probe of the upstream is then over,
+    /// so it holds no pooled upstream connection: for tests that count connections (on a busy
+    /// machine the probe's connection was sometimes the one a request reused).
+    pub async fn wait_ready(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while send(self.admin, Request::get("/readyz").body(Full::default()).unwrap()).await.status != 200 {
+            assert!(std::time::Instant::now() < deadline, "goodput never became ready");
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    }
+
     pub async fn admin_json(&self, path: &str) -> serde_json::Value {
         let r = send(self.admin, Request::get(path).body(Full::default()).unwrap()).await;
         serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{path}: {e}"))
