@@ -21,6 +21,7 @@ fn candidates(n: usize) -> Vec<Candidate> {
             healthy: true,
             saturated: false,
             outstanding: i as u64,
+            awaiting_sample: false,
             max_concurrency: Some(256),
             price_input: 0.1 * (i + 1) as f64,
             price_output: 0.3 * (i + 1) as f64,

@@ -275,6 +275,7 @@ fn routes(proxy: &Proxy, limit: usize) -> serde_json::Value {
                         "compliant": v.is_empty(),
                         "violations": v,
                         "provisional_misses": provisional_misses(&r.class, c, &snap.policy),
+                        "awaiting_sample": c.awaiting_sample,
                         "stats": c.stats,
                         "decisions": counts,
                     })

@@ -55,7 +55,7 @@ pub async fn forward(
             endpoints: &shared.endpoint_windows,
             drift: &shared.drift,
         };
-        let peer = route::upstream_peer(
+        let mut peer = route::upstream_peer(
             &proxy.router,
             windows,
             snap,
@@ -65,6 +65,7 @@ pub async fn forward(
             &tried,
             prompt.as_deref(),
         )?;
+        peer.dispatch.set_sample(metered.is_some());
         let backend = &peer.backend;
         let headers = if can_failover { parts.headers.clone() } else { std::mem::take(&mut parts.headers) };
         // A body in memory can be sent again; a streamed one only once (no failover then).
@@ -106,6 +107,7 @@ pub async fn forward(
         if err.may_fail_over() && can_failover {
             tried.failed(&peer);
             if tried.any_left(snap, route) {
+                peer.dispatch.set_sample(false);
                 tracing::warn!(backend = %backend.name, endpoint = %peer.endpoint.label, kind = err.kind.code(), error = %err, "failing over");
                 continue;
             }

@@ -108,6 +108,9 @@ pub struct Candidate {
     /// Every endpoint's server reports a queue or KV cache past the pool's thresholds.
     pub saturated: bool,
     pub outstanding: u64,
+    /// Its statistics have no sample, yet a request was sent to it within the latency window:
+    /// that request's sample is on its way (in flight, or its record not yet counted).
+    pub awaiting_sample: bool,
     pub max_concurrency: Option<u64>,
     /// Price per 1M input and output tokens.
     pub price_input: f64,
@@ -226,7 +229,15 @@ pub fn provisional_misses(class: &Class, c: &Candidate, p: &Policy) -> Vec<Strin
     v
 }
 
+/// Held back while another compliant backend is not: its few samples already miss a bound
+/// (`provisional_misses`), or it has none yet and the first is on its way. Without the second,
+/// a new backend, or one whose samples all left the window, would take every request of the
+/// class until its first record landed: a burst, before anything is known, to a backend that
+/// may be slow. One request at a time learns as much.
 fn held_back(class: &Class, c: &Candidate, p: &Policy) -> bool {
+    if c.awaiting_sample {
+        return true;
+    }
     let mut held = false;
     if (1..p.min_samples).contains(&c.stats.samples) {
         each_latency_miss(class, &c.stats, |_| held = true);
@@ -387,14 +398,18 @@ fn decide_with(class: &Class, cands: &[Candidate], p: &Policy, d: Draw, explain:
     if explain && held.len() < compliant.len() {
         for &i in &held {
             let c = &cands[i];
-            let _ = write!(
-                why,
-                "; {} held back: its {} of {} samples miss {}",
-                c.name,
-                c.stats.samples,
-                p.min_samples,
-                provisional_misses(class, c, p).join(", ")
-            );
+            let _ = if c.awaiting_sample {
+                write!(why, "; {} held back: its first sample is on its way", c.name)
+            } else {
+                write!(
+                    why,
+                    "; {} held back: its {} of {} samples miss {}",
+                    c.name,
+                    c.stats.samples,
+                    p.min_samples,
+                    provisional_misses(class, c, p).join(", ")
+                )
+            };
         }
     }
     let best = pool.iter().map(|&i| cost(class.objective, &cands[i])).fold(f64::INFINITY, f64::min);
@@ -446,6 +461,7 @@ mod tests {
             healthy: true,
             saturated: false,
             outstanding: 0,
+            awaiting_sample: false,
             max_concurrency: None,
             price_input: price / 2.0,
             price_output: price / 2.0,
@@ -612,6 +628,34 @@ mod tests {
             provisional_misses(&class(Objective::Cheapest), &cand("trusted", 1.0, 900.0, 10.0), &P)
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn an_unmeasured_backend_takes_one_request_at_a_time_until_its_first_sample_lands() {
+        let mut new = cand("new", 0.1, 0.0, 99.0);
+        new.stats = Stats::default();
+        let cands = |awaiting: bool| {
+            let mut n = new.clone();
+            n.awaiting_sample = awaiting;
+            vec![cand("old", 1.0, 200.0, 10.0), n]
+        };
+        let pick = |cands: &[Candidate]| decide(&class(Objective::Cheapest), cands, &P, NO_EXPLORE);
+        // Nothing sent yet: the cheaper one takes the request, its probe.
+        assert_eq!(pick(&cands(false)).backend, Some(1));
+        // While that probe's sample is on its way, the class's traffic stays where it is known
+        // to comply; exploration still reaches the new one.
+        let d = pick(&cands(true));
+        assert_eq!((d.backend, d.reason), (Some(0), Reason::Cheapest), "{}", d.explanation);
+        assert_eq!(d.compliant, Indices::from_slice(&[0, 1]), "not disqualified");
+        assert!(d.explanation.contains("new held back: its first sample is on its way"), "{}", d.explanation);
+        let explored =
+            decide(&class(Objective::Cheapest), &cands(true), &P, Draw { explore: 0.0, a: 1, b: 1 });
+        assert_eq!((explored.backend, explored.reason), (Some(1), Reason::Explore));
+        // A cold start, where every backend awaits its first sample: the objective decides.
+        let mut cold = cands(true);
+        cold[0].stats = Stats::default();
+        cold[0].awaiting_sample = true;
+        assert_eq!(pick(&cold).backend, Some(1));
     }
 
     #[test]

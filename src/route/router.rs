@@ -93,6 +93,10 @@ impl Endpoint {
 /// every config snapshot that has a backend of this name, so a reload keeps all of it.
 pub struct BackendState {
     outstanding: AtomicU64,
+    /// Metered requests to it in flight, and when the last one ended ([`mono_ms`]; 0: never):
+    /// each one's record brings a latency sample to its window.
+    samples_due: AtomicU64,
+    last_sample_ms: AtomicU64,
     /// The next turn of `policy: round_robin`.
     turn: std::sync::atomic::AtomicUsize,
     endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
@@ -108,6 +112,8 @@ impl BackendState {
     pub fn new(cfg: BreakerConfig) -> Arc<BackendState> {
         Arc::new(BackendState {
             outstanding: AtomicU64::new(0),
+            samples_due: AtomicU64::new(0),
+            last_sample_ms: AtomicU64::new(0),
             turn: Default::default(),
             endpoints: ArcSwap::from_pointee(Vec::new()),
             breaker_cfg: Mutex::new(cfg),
@@ -165,6 +171,17 @@ impl BackendState {
     /// Requests outstanding over every endpoint.
     pub fn outstanding(&self) -> u64 {
         self.outstanding.load(Ordering::Relaxed)
+    }
+
+    /// A metered request to it is in flight, or ended within the last `window_ms`: its sample
+    /// is in a latency window of that length once its record lands (the recorder publishes
+    /// within a fraction of a second; a record lost on a full queue is forgotten with the window).
+    pub fn sample_due(&self, window_ms: u64) -> bool {
+        if self.samples_due.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        let last = self.last_sample_ms.load(Ordering::Relaxed);
+        last != 0 && mono_ms().saturating_sub(last) < window_ms
     }
 
     /// Whether any endpoint's breaker would let a request through now.
@@ -270,6 +287,8 @@ pub struct PoolPick {
 pub struct Dispatch {
     backend: Arc<BackendState>,
     endpoint: Arc<Endpoint>,
+    /// Its request's record will be a latency sample of this backend.
+    sample: bool,
 }
 
 impl Dispatch {
@@ -292,7 +311,7 @@ impl Dispatch {
         };
         claimed.then(|| {
             endpoint.outstanding.fetch_add(1, Ordering::Relaxed);
-            Dispatch { backend: backend.clone(), endpoint: endpoint.clone() }
+            Dispatch { backend: backend.clone(), endpoint: endpoint.clone(), sample: false }
         })
     }
 
@@ -304,13 +323,37 @@ impl Dispatch {
     pub fn report(&self, ok: bool) {
         self.endpoint.report(ok);
     }
+
+    /// Whether the request's record will be a latency sample of this backend: a metered
+    /// request's is, unless it fails over (its record then names the backend it ended at).
+    pub fn set_sample(&mut self, sample: bool) {
+        if sample != self.sample {
+            self.sample = sample;
+            if sample {
+                self.backend.samples_due.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.backend.samples_due.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 impl Drop for Dispatch {
     fn drop(&mut self) {
         self.backend.outstanding.fetch_sub(1, Ordering::Relaxed);
         self.endpoint.outstanding.fetch_sub(1, Ordering::Relaxed);
+        if self.sample {
+            // The time first: a decision that sees none due sees when the last one ended.
+            self.backend.last_sample_ms.store(mono_ms(), Ordering::Relaxed);
+            self.backend.samples_due.fetch_sub(1, Ordering::Release);
+        }
     }
+}
+
+/// Milliseconds on a monotonic clock that starts at 1 (0 stands for "never").
+fn mono_ms() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    EPOCH.get_or_init(Instant::now).elapsed().as_millis() as u64 + 1
 }
 
 /// A decision as the log keeps it: its inputs, so that the request path does not format the
@@ -539,6 +582,7 @@ impl Router {
         let now = Instant::now();
         let on = &snap.config.quality.drift.drain_on;
         let drain = !on.is_empty() && !drift.backends.is_empty();
+        let window_ms = snap.config.metrics.window_secs.saturating_mul(1000);
         route
             .candidates
             .iter()
@@ -548,11 +592,13 @@ impl Router {
                     Some(r) => r.get(&*b.name).cloned().unwrap_or_default(),
                     None => local.get(&*b.name).map(stats_of).unwrap_or_default(),
                 };
+                let awaiting_sample = stats.samples == 0 && b.state.sample_due(window_ms);
                 Candidate {
                     name: b.name.clone(),
                     healthy: b.state.healthy(now),
                     saturated: b.state.saturated(&b.pool, now),
                     outstanding: b.state.outstanding(),
+                    awaiting_sample,
                     max_concurrency: b.max_concurrency,
                     price_input: b.price.input_per_1m,
                     price_output: b.price.output_per_1m,

@@ -125,6 +125,29 @@ impl Goodput {
         serde_json::from_slice(&r.body).unwrap_or_else(|e| panic!("{path}: {e}"))
     }
 
+    /// Wait until the router's statistics of `backend` hold at least `n` samples: a request's
+    /// record reaches them at the recorder's next publish (a fraction of a second), and until
+    /// the first has, an unmeasured backend is held back (one request at a time).
+    pub async fn wait_samples(&self, backend: &str, n: u64) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let v = self.admin_json("/admin/routes").await;
+            let samples = v["routes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .flat_map(|r| r["backends"].as_array().unwrap())
+                .find(|b| b["backend"] == backend)
+                .and_then(|b| b["stats"]["samples"].as_u64())
+                .unwrap_or(0);
+            if samples >= n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "{backend} never had {n} samples: {v}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Wait until at least `n` records exist, then return them (newest first).
     pub async fn records(&self, n: usize) -> Vec<serde_json::Value> {
         self.records_when(n, "", |_| true).await
