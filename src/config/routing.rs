@@ -183,10 +183,10 @@ pub(super) fn validate(
     if s.refresh_secs == 0 {
         err("routing.stats.refresh_secs".into(), "must be >= 1".into());
     }
-    if !valid_range(&s.range) {
+    if !matches!(s.range_secs(), Some(1..)) {
         err(
             "routing.stats.range".into(),
-            format!("`{}` is not a PromQL duration like 30s, 1m or 5m", s.range),
+            format!("`{}` is not a positive PromQL duration like 30s, 1m or 5m", s.range),
         );
     }
     for (name, c) in classes {
@@ -214,8 +214,47 @@ pub(super) fn validate(
     }
 }
 
-fn valid_range(r: &str) -> bool {
-    let digits = r.trim_end_matches(|c: char| c.is_ascii_alphabetic());
-    let unit = &r[digits.len()..];
-    !digits.is_empty() && digits.chars().all(|c| c.is_ascii_digit()) && ["s", "m", "h"].contains(&unit)
+impl StatsSettings {
+    /// `range` in seconds: a number and a unit of s, m or h (the PromQL durations accepted).
+    pub fn range_secs(&self) -> Option<u64> {
+        let r = &self.range;
+        let digits = r.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let scale = match &r[digits.len()..] {
+            "s" => 1,
+            "m" => 60,
+            "h" => 3600,
+            _ => return None,
+        };
+        if digits.is_empty() || !digits.chars().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        digits.parse::<u64>().ok()?.checked_mul(scale)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::StatsSettings;
+
+    #[test]
+    fn a_range_is_a_positive_promql_duration_in_seconds_minutes_or_hours() {
+        let secs = |r: &str| StatsSettings { range: r.into(), ..Default::default() }.range_secs();
+        assert_eq!(secs("45s"), Some(45));
+        assert_eq!(secs("1m"), Some(60));
+        assert_eq!(secs("2h"), Some(7200));
+        for bad in ["", "m", "1", "1d", "1.5m", "-1m", "1m30s", "99999999999999999999s"] {
+            assert_eq!(secs(bad), None, "{bad:?}");
+        }
+        assert_eq!(secs("0s"), Some(0), "parsed; validation refuses it");
+        let load = |r: &str| {
+            crate::config::Config::from_yaml(&format!(
+                "backends:\n  - name: a\n    url: http://127.0.0.1:8000\nrouting:\n  stats: {{range: {r}}}\n"
+            ))
+        };
+        assert!(load("5m").is_ok());
+        for bad in ["0s", "1d"] {
+            let e = load(bad).unwrap_err().to_string();
+            assert!(e.contains("routing.stats.range") && e.contains("positive PromQL duration"), "{e}");
+        }
+    }
 }

@@ -350,6 +350,16 @@ impl Drop for Dispatch {
     }
 }
 
+/// How long a request's sample stays in the statistics the router reads: the local latency
+/// window, or the PromQL range when they come from Prometheus. A backend with no sample, and none
+/// due within that span, is not held back.
+fn sample_window_secs(cfg: &crate::config::Config, remote: bool) -> u64 {
+    match remote {
+        true => cfg.routing.stats.range_secs().unwrap_or(cfg.metrics.window_secs),
+        false => cfg.metrics.window_secs,
+    }
+}
+
 /// Milliseconds on a monotonic clock that starts at 1 (0 stands for "never").
 fn mono_ms() -> u64 {
     static EPOCH: OnceLock<Instant> = OnceLock::new();
@@ -582,7 +592,7 @@ impl Router {
         let now = Instant::now();
         let on = &snap.config.quality.drift.drain_on;
         let drain = !on.is_empty() && !drift.backends.is_empty();
-        let window_ms = snap.config.metrics.window_secs.saturating_mul(1000);
+        let window_ms = sample_window_secs(&snap.config, remote.is_some()).saturating_mul(1000);
         route
             .candidates
             .iter()
@@ -807,6 +817,44 @@ mod tests {
         let n = 20_000;
         let below = (0..n).filter(|i| draw(*i).explore < 0.05).count();
         assert!((800..1200).contains(&below), "{below}");
+    }
+
+    #[test]
+    fn a_sample_is_due_while_a_metered_request_is_in_flight_and_for_a_window_after() {
+        let backend = BackendState::new(BreakerConfig::default());
+        backend.set_endpoints(vec![("http".parse().unwrap(), "127.0.0.1:1".parse().unwrap())]);
+        let ep = backend.endpoints();
+        assert!(!backend.sample_due(60_000), "never sent to");
+        let unmetered = Dispatch::try_start(&backend, &ep[0], None).unwrap();
+        assert!(!backend.sample_due(60_000), "an unmetered request brings no sample");
+        drop(unmetered);
+        assert!(!backend.sample_due(60_000));
+        let mut d = Dispatch::try_start(&backend, &ep[0], None).unwrap();
+        d.set_sample(true);
+        d.set_sample(true);
+        assert!(backend.sample_due(0), "in flight, whatever the window");
+        d.set_sample(false);
+        assert!(!backend.sample_due(60_000), "failed over: its record names another backend");
+        d.set_sample(true);
+        drop(d);
+        assert!(backend.sample_due(60_000), "ended just now: its record is on its way");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert!(!backend.sample_due(10), "ended longer ago than the window");
+    }
+
+    #[test]
+    fn the_hold_lasts_the_span_the_statistics_cover() {
+        let cfg = |yaml: &str| {
+            crate::config::Config::from_yaml(&format!(
+                "backends:\n  - name: a\n    url: http://127.0.0.1:8000\nmetrics: {{window_secs: 30}}\n{yaml}"
+            ))
+            .unwrap()
+        };
+        assert_eq!(sample_window_secs(&cfg(""), false), 30);
+        let prom =
+            cfg("routing:\n  stats: {source: prometheus, prometheus_url: \"http://p:9090\", range: 5m}\n");
+        assert_eq!(sample_window_secs(&prom, true), 300);
+        assert_eq!(sample_window_secs(&prom, false), 30, "fallen back to the local windows");
     }
 
     #[test]
