@@ -295,7 +295,11 @@ async fn queueing_seen_the_way_vllm_sees_it() {
     // goodput's records: TTFT rises and SLO attainment falls with the queue.
     let recs = by_id(gp.records(42).await);
     let (light_r, heavy_r) = recs.split_at(6);
-    let ttfts = |rs: &[Value]| rs.iter().map(|r| r["ttft"].as_f64().unwrap()).collect::<Vec<_>>();
+    let ttfts = |rs: &[Value]| {
+        rs.iter()
+            .map(|r| r["ttft"].as_f64().unwrap_or_else(|| panic!("a record without TTFT: {r}")))
+            .collect::<Vec<_>>()
+    };
     let met = |rs: &[Value]| rs.iter().filter(|r| r["slo_met"] == true).count() as f64 / rs.len() as f64;
     let (l, h) = (median(ttfts(light_r)), median(ttfts(heavy_r)));
     eprintln!(
