@@ -277,6 +277,80 @@ async fn upstream_faults_get_clear_answers_and_leave_nothing_behind() {
     settles(&gp, base, 6.0).await;
 }
 
+/// vLLM sends a stream's head at once and then queues the request until its first token: that
+/// wait is bounded by `first_byte_ms`, not by `idle_ms`, and a stream cut in it counts as a
+/// first-byte timeout. Once the first token has come, `idle_ms` applies again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_stream_waits_first_byte_ms_for_its_first_token() {
+    // The head at once, the first token `queued_ms` later, then silence or the end.
+    let queued = |queued_ms: u64, then_silent: bool| {
+        raw_upstream(move |mut s| async move {
+            if read_request(&mut s).await {
+                let _ = s.write_all(SSE_HEAD).await;
+                tokio::time::sleep(Duration::from_millis(queued_ms)).await;
+                let _ = s.write_all(&chunk(EVENT.as_bytes())).await;
+                if !then_silent {
+                    let _ = s.write_all(&chunk(b"data: [DONE]\n\n")).await;
+                    let _ = s.write_all(b"0\r\n\r\n").await;
+                }
+                until_closed(&mut s).await;
+            }
+        })
+    };
+    let upstreams = [
+        ("queued", queued(1_000, false).await),
+        ("never", queued(600_000, false).await),
+        ("stalls", queued(500, true).await),
+    ];
+    let mut yaml = "timeouts: {first_byte_ms: 5000, idle_ms: 300}\nbackends:\n".to_string();
+    for (name, addr) in &upstreams {
+        yaml += &format!("  - name: {name}\n    url: http://{addr}\n");
+    }
+    yaml += "routes:\n";
+    for (name, _) in &upstreams {
+        yaml += &format!(
+            "  - name: {name}\n    match: {{headers: {{x-fault: {name}}}}}\n    backends: [{name}]\n"
+        );
+    }
+    let mut gp = Goodput::start(&yaml);
+
+    let r = send(gp.proxy, stream_req("queued", 8)).await;
+    assert_eq!((r.status.as_u16(), &r.error), (200, &None), "queued 1 s with idle_ms 300");
+    assert_eq!(r.text(), format!("{EVENT}data: [DONE]\n\n"));
+
+    let t = Instant::now();
+    let r = send(gp.proxy, stream_req("never", 8)).await;
+    let waited = t.elapsed();
+    assert_eq!(r.status.as_u16(), 200);
+    assert!(r.error.is_some() && r.body.is_empty(), "the stream is cut, nothing invented: {:?}", r.text());
+    assert!(waited >= Duration::from_millis(4900), "cut after {waited:?}, before first_byte_ms");
+
+    // Its first token after 0.5 s, then silence: cut idle_ms later, not at first_byte_ms.
+    let t = Instant::now();
+    let r = send(gp.proxy, stream_req("stalls", 8)).await;
+    let waited = t.elapsed();
+    assert_eq!(r.status.as_u16(), 200);
+    assert!(r.error.is_some(), "silent past idle_ms after its first token");
+    assert_eq!(r.text(), EVENT);
+    assert!(waited < Duration::from_millis(4000), "cut after {waited:?}: idle_ms no longer applied");
+
+    let records = gp.records(3).await;
+    let of = |route: &str| records.iter().find(|r| r["route"] == route).unwrap().clone();
+    let q = of("queued");
+    assert_eq!(q["outcome"], "ok", "{q}");
+    assert!(q["ttft"].as_f64().unwrap() >= 1.0, "{q}");
+    assert_eq!(of("never")["outcome"], "timeout");
+    assert_eq!(of("stalls")["outcome"], "timeout");
+    let m = gp.metrics().await;
+    let errors = |backend: &str, kind: &str| {
+        metric(&m, "goodput_upstream_errors_total", &[("backend", backend), ("kind", kind)])
+    };
+    assert_eq!(errors("queued", "timeout_idle") + errors("queued", "timeout_first_byte"), 0.0);
+    assert_eq!(errors("never", "timeout_first_byte"), 1.0);
+    assert_eq!(errors("stalls", "timeout_idle"), 1.0);
+    assert_alive(&mut gp);
+}
+
 /// join_all without the futures crate: the requests run concurrently on the runtime.
 async fn futures_join_all<F: std::future::Future + Send + 'static>(
     fs: impl Iterator<Item = F>,

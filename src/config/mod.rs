@@ -218,9 +218,10 @@ impl Price {
 pub struct Timeouts {
     /// TCP connect to the upstream.
     pub connect_ms: u64,
-    /// From sending the request to the upstream's response headers.
+    /// From sending the request to the answer's first token: its response headers and, for a
+    /// server that sends them at once and then queues the request (vLLM), its first content.
     pub first_byte_ms: u64,
-    /// Longest silence between two body frames of a response.
+    /// Longest silence between two body frames of a response once its first token has come.
     pub idle_ms: u64,
 }
 

@@ -108,6 +108,12 @@ impl ResponseMeter {
         self.strip_usage
     }
 
+    /// Whether the answer's first token has come: a stream's first content, or any bytes of an
+    /// answer that is not a stream (it comes whole, at its end).
+    pub fn first_token_seen(&self) -> bool {
+        !matches!(self.mode, Mode::Sse(_)) || self.observed.first_content.is_some()
+    }
+
     /// Observe one body frame that arrived at `now`. Returns the bytes to forward: the same
     /// `Bytes` (no copy) unless a usage-only chunk is being taken out.
     pub fn on_data(&mut self, frame: Bytes, now: Instant) -> Option<Bytes> {

@@ -8,7 +8,7 @@ use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode, header};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::admit::ClientBody;
 use super::error::{Error, Kind};
@@ -35,13 +35,14 @@ pub struct Outbound<'a> {
 /// Send the request to the backend and endpoint the router picks, failing over (to another
 /// endpoint of the pool, or another backend) while that is safe. Every upstream failure is
 /// counted (`goodput_upstream_errors_total`) and told to that endpoint's breaker; the last one
-/// is returned.
+/// is returned. With the answer comes the instant `first_byte_ms` after it was sent, the
+/// deadline for its first token.
 pub async fn forward(
     proxy: &Proxy,
     snap: &Snapshot,
     out: Outbound<'_>,
     metered: &mut Option<MeteredRequest>,
-) -> Result<(Response<Incoming>, Peer), Error> {
+) -> Result<(Response<Incoming>, Peer, Instant), Error> {
     let Outbound { mut parts, body, route, slo_headers, model, id, prompt } = out;
     let endpoints: usize = route.candidates.iter().map(|&i| snap.backends[i].state.endpoints().len()).sum();
     let can_failover = matches!(body, ClientBody::Whole(_)) && endpoints > 1;
@@ -80,6 +81,7 @@ pub async fn forward(
             m.record.overhead = m.t0.elapsed().saturating_sub(m.client_time);
         }
         let first_byte = Duration::from_millis(timeouts.first_byte_ms);
+        let first_token_by = Instant::now() + first_byte;
         let sent = tokio::time::timeout(first_byte, proxy.client.request(req)).await;
         let err = match sent {
             Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
@@ -89,7 +91,7 @@ pub async fn forward(
                 Error::new(Kind::UpstreamUpgrade, "upstream switched protocols without being asked")
                     .sent(true)
             }
-            Ok(Ok(resp)) => return Ok((resp, peer)),
+            Ok(Ok(resp)) => return Ok((resp, peer, first_token_by)),
             Ok(Err(e)) => Error::from_client(e, timeouts.connect_ms),
             Err(_) => Error::new(
                 Kind::UpstreamFirstByteTimeout,

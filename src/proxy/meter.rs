@@ -49,6 +49,9 @@ pub struct Upstream {
     pub pick: PickReason,
     /// The request's claim on the backend's capacity, held until the body is dropped.
     pub dispatch: Dispatch,
+    /// `first_byte_ms` after the request was sent: until then the answer's first token may
+    /// still be on its way, however long the body has been silent.
+    pub first_token_by: Instant,
 }
 
 /// The answer as the client gets it: hop-by-hop headers gone, the framing headers the ones
@@ -86,7 +89,7 @@ pub fn response_filter(
         // Unmetered paths: the answer's status is what the breaker learns.
         upstream.dispatch.report(parts.status.as_u16() < 500);
         let idle = Duration::from_millis(cfg.timeouts.idle_ms);
-        let body = MeteredBody::new(body, None, Some(upstream.dispatch), idle);
+        let body = MeteredBody::new(body, None, Some(upstream.dispatch), idle, upstream.first_token_by);
         return Response::from_parts(parts, Either::Left(body));
     };
     let status = parts.status.as_u16();
@@ -123,20 +126,28 @@ pub fn response_filter(
         upstream_errors: metrics.upstream_errors.clone(),
     });
     let idle = Duration::from_millis(cfg.timeouts.idle_ms);
-    let body = MeteredBody::new(body, Some(metering), Some(upstream.dispatch), idle);
+    let body = MeteredBody::new(body, Some(metering), Some(upstream.dispatch), idle, upstream.first_token_by);
     Response::from_parts(parts, Either::Left(body))
 }
 
+/// The upstream fell silent in the middle of an answer whose head had come.
 #[derive(Debug)]
-pub struct IdleTimeout(pub Duration);
+pub struct BodyTimeout {
+    /// Before its first token (`first_byte_ms`), rather than between two frames (`idle_ms`).
+    pub first_token: bool,
+    pub silent: Duration,
+}
 
-impl std::fmt::Display for IdleTimeout {
+impl std::fmt::Display for BodyTimeout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "upstream sent nothing for {:?}", self.0)
+        match self.first_token {
+            true => write!(f, "upstream sent no first token in time (timeouts.first_byte_ms)"),
+            false => write!(f, "upstream sent nothing for {:?} (timeouts.idle_ms)", self.silent),
+        }
     }
 }
 
-impl std::error::Error for IdleTimeout {}
+impl std::error::Error for BodyTimeout {}
 
 /// Per-request metering state; absent for paths that are only forwarded.
 pub struct Metering {
@@ -162,6 +173,11 @@ pub struct MeteredBody {
     idle: Pin<Box<Sleep>>,
     idle_after: Duration,
     last_data: Instant,
+    /// Set until the first token (a stream's first content, or any body bytes of an answer
+    /// that is not a stream) has come. A server that sends its head at once and then queues
+    /// the request (vLLM does) is silent until then: that wait is bounded by `first_byte_ms`,
+    /// as the wait for a head is, not by `idle_ms`.
+    first_token_by: Option<Instant>,
     tail: Option<Bytes>,
     ended: bool,
     /// Something (the response head, then data) was handed to hyper since this body last
@@ -178,14 +194,17 @@ impl MeteredBody {
         metering: Option<Box<Metering>>,
         dispatch: Option<Dispatch>,
         idle_after: Duration,
+        first_token_by: Instant,
     ) -> Self {
+        let now = Instant::now();
         let mut body = MeteredBody {
             inner,
             metering,
             dispatch,
-            idle: Box::pin(tokio::time::sleep(idle_after)),
+            idle: Box::pin(tokio::time::sleep_until(first_token_by.max(now + idle_after).into())),
             idle_after,
-            last_data: Instant::now(),
+            last_data: now,
+            first_token_by: Some(first_token_by),
             tail: None,
             ended: false,
             unflushed: true,
@@ -254,7 +273,10 @@ impl MeteredBody {
         if self.idle.as_mut().poll(cx).is_pending() {
             return false;
         }
-        let due = self.last_data + self.idle_after;
+        let due = match self.first_token_by {
+            Some(by) => by.max(self.last_data + self.idle_after),
+            None => self.last_data + self.idle_after,
+        };
         // tokio's timer has millisecond ticks and fires at or after its deadline.
         if Instant::now() + Duration::from_millis(1) >= due {
             return true;
@@ -262,6 +284,14 @@ impl MeteredBody {
         self.idle.as_mut().reset(due.into());
         // Registers the re-armed timer with this task's waker.
         self.idle.as_mut().poll(cx).is_ready()
+    }
+
+    /// From the first token on, silence is bounded by `idle_after`: the timer, armed for the
+    /// first-token deadline, moves to the sooner idle one.
+    fn first_token_came(&mut self, now: Instant) {
+        if self.first_token_by.take().is_some() {
+            self.idle.as_mut().reset((now + self.idle_after).into());
+        }
     }
 
     /// Release any held bytes and emit the record, its end-to-end time ending at `end`.
@@ -304,11 +334,14 @@ impl Body for MeteredBody {
                 Poll::Pending => {
                     if this.idle_expired(cx) {
                         this.ended = true;
+                        let first = this.first_token_by.is_some();
                         if let Some(m) = &this.metering {
-                            m.upstream_errors.with_label_values(&[&m.record.backend, "timeout_idle"]).inc();
+                            let kind = if first { "timeout_first_byte" } else { "timeout_idle" };
+                            m.upstream_errors.with_label_values(&[&m.record.backend, kind]).inc();
                         }
                         this.finish(Some(Outcome::Timeout), Instant::now());
-                        return Poll::Ready(Some(Err(Box::new(IdleTimeout(this.idle_after)))));
+                        let e = BodyTimeout { first_token: first, silent: this.last_data.elapsed() };
+                        return Poll::Ready(Some(Err(Box::new(e))));
                     }
                     this.unflushed = false;
                     return Poll::Pending;
@@ -339,10 +372,15 @@ impl Body for MeteredBody {
                     let frame = match frame.into_data() {
                         Ok(data) => {
                             let Some(m) = this.metering.as_mut() else {
+                                this.first_token_came(now);
                                 return Poll::Ready(Some(Ok(Frame::data(data))));
                             };
                             let out = m.meter.on_data(data, now);
+                            let first_token = m.meter.first_token_seen();
                             m.record.overhead += now.elapsed();
+                            if first_token {
+                                this.first_token_came(now);
+                            }
                             out.map(Frame::data)
                         }
                         Err(other) => Some(other),

@@ -108,15 +108,20 @@ impl Proxy {
             id,
             prompt,
         };
-        let (resp, peer) = match forward::forward(&self, &snap, out, &mut metered).await {
+        let (resp, peer, first_token_by) = match forward::forward(&self, &snap, out, &mut metered).await {
             Ok(r) => r,
             Err(e) => return self.fail(e, metered),
         };
         self.ready.store(true, Ordering::Relaxed);
 
         // 4. Meter the answer on its way to the client.
-        let upstream =
-            Upstream { backend: peer.backend, reason: peer.reason, pick: peer.pick, dispatch: peer.dispatch };
+        let upstream = Upstream {
+            backend: peer.backend,
+            reason: peer.reason,
+            pick: peer.pick,
+            dispatch: peer.dispatch,
+            first_token_by,
+        };
         meter::response_filter(resp, metered, upstream, cfg, &self.recorder)
     }
 
