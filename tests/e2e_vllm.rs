@@ -281,6 +281,10 @@ async fn queueing_seen_the_way_vllm_sees_it() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(heavy.wait().unwrap().success());
+    for json in [&light_json, &heavy_json] {
+        let report: Value = serde_json::from_slice(&std::fs::read(json).unwrap()).unwrap();
+        assert_eq!(report["failed"], 0, "goodput bench saw failures: {}", report["errors"]);
+    }
     let after = v.metrics().await;
     let ttft_after = v.buckets("vllm:time_to_first_token_seconds").await;
     let heavy_queued = after[queue_time] - mid[queue_time];
