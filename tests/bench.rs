@@ -2,9 +2,7 @@
 //! the vLLM-style figures and goodput, a ShareGPT file, errors reported, and the outputs'
 //! perplexity under the real reference model (the tput-vs-ppl picture of two backends).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use serde_json::Value;
 use std::process::Command;
 

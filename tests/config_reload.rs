@@ -1,8 +1,6 @@
 //! Config validation from the command line, and hot reload of a running proxy.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::process::Command;
 use std::time::{Duration, Instant};
 

@@ -2,9 +2,7 @@
 //! the same backend, its budget and metrics, the unigram and prompt methods, and cancellation at
 //! shutdown. The upstream is the simulator (deterministic per seed, prompt and temperature).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 
 fn consistency_yaml(sim: &std::net::SocketAddr, extra: &str) -> String {

@@ -3,10 +3,8 @@
 //! scoring (the real ONNX model), consistency checks and routing on, and goodput's recording
 //! rules loaded: each must parse and return a finite value. No empty panel.
 
-mod common;
-
-use common::prom::*;
-use common::*;
+use crate::common::prom::*;
+use crate::common::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};

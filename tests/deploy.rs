@@ -4,8 +4,6 @@
 //! rules` and `promtool test rules` (a case for every alert); the committed dashboards are
 //! what grafana/make_dashboards.py writes. tests/dashboards.rs evaluates their PromQL.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 

@@ -2,10 +2,8 @@
 //! behind goodput, and the official openai Python SDK in front. `scripts/setup-llm.sh` installs
 //! both (cached); `scripts/test.sh` exports where they are.
 
-mod common;
-
-use common::llama::{llm_env, start_llama};
-use common::*;
+use crate::common::llama::{llm_env, start_llama};
+use crate::common::*;
 use serde_json::Value;
 use std::process::Command;
 use std::time::{Duration, Instant};

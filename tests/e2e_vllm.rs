@@ -3,10 +3,8 @@
 //! for token counts and timing. `scripts/test.sh` starts vLLM once for the run; the tests here
 //! take it one at a time.
 
-mod common;
-
-use common::vllm::{Vllm, vllm};
-use common::*;
+use crate::common::vllm::{Vllm, vllm};
+use crate::common::*;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 

@@ -12,11 +12,9 @@
 //!   becomes confident, the `GoodputQualityDrift` rule fires on the scraped metrics, and the
 //!   router drains that replica but for the probe share.
 
-mod common;
-
-use common::prom::*;
-use common::vllm::*;
-use common::*;
+use crate::common::prom::*;
+use crate::common::vllm::*;
+use crate::common::*;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

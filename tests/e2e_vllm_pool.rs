@@ -9,10 +9,8 @@
 //!   round robin (what a Kubernetes Service gives, near enough): vLLM's own prefix-cache hit
 //!   ratio is clearly higher with affinity, and TTFT lower.
 
-mod common;
-
-use common::vllm::*;
-use common::*;
+use crate::common::vllm::*;
+use crate::common::*;
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 

@@ -7,10 +7,8 @@
 //! clearly higher one for `gibberish`, and effective TPS that puts `healthy` first; a class
 //! bounded by the rate then routes away from `gibberish`.
 
-mod common;
-
-use common::vllm::*;
-use common::*;
+use crate::common::vllm::*;
+use crate::common::*;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 

@@ -2,9 +2,7 @@
 //! ort) against sentence-transformers' own output, and consistency's `embedding` method behind
 //! the proxy.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use goodput::quality::embed::{Embedder, cosine};
 use std::path::PathBuf;
 

@@ -3,10 +3,8 @@
 //! that a leak of one file descriptor or task per fault shows above the pooled connections;
 //! a healthy stream runs through the same proxy the whole time and must come through intact.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http::Request;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};

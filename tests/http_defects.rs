@@ -2,9 +2,7 @@
 //! refuses before routing (CONNECT, a missing or repeated Host). Each goes over real sockets:
 //! a raw client writes exact bytes to goodput, and a raw upstream answers with exact bytes.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

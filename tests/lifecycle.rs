@@ -2,10 +2,8 @@
 //! and the security rules (admin token, secrets and user text kept out of logs, metrics and
 //! /admin, shadow requests with the config's credentials, bounded label values).
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http::Request;
 use http_body_util::Full;
 use std::time::{Duration, Instant};

@@ -2,10 +2,8 @@
 //! own script (scripts/setup-models.sh), run by ONNX Runtime through `ort`, checked against
 //! llama.cpp on the same GGUF; then sampled responses scored behind the proxy.
 
-mod common;
-
-use common::llama::{llm_env, start_llama};
-use common::*;
+use crate::common::llama::{llm_env, start_llama};
+use crate::common::*;
 use serde_json::Value;
 use std::path::PathBuf;
 use std::process::Command;

@@ -4,9 +4,7 @@
 //! prompt prefix on one replica, fail over within the pool, shed when a class asks for it, and
 //! follow a pool found in DNS (a real DNS server on loopback, from PyPI).
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};

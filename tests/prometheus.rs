@@ -1,10 +1,8 @@
 //! A real Prometheus (Debian's package; `scripts/setup-test-deps.sh` installs it) scrapes a
 //! running goodput under traffic, and a TTFT quantile is read back through its query API.
 
-mod common;
-
-use common::prom::*;
-use common::*;
+use crate::common::prom::*;
+use crate::common::*;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

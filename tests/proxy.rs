@@ -1,10 +1,8 @@
 //! Black-box tests of the proxy over real sockets: the `goodput` binary between a client and
 //! an upstream test double.
 
-mod common;
-
+use crate::common::*;
 use bytes::Bytes;
-use common::*;
 use http::Request;
 use http_body_util::Full;
 use std::time::{Duration, Instant};

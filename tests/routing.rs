@@ -3,9 +3,7 @@
 //! and comes back when it recovers; connect failures fail over; a reload with new backends and
 //! classes takes effect without dropping a stream in flight.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,8 +1,6 @@
 //! The simulated backend, run as its own process (`goodput sim`) and in-process.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::Duration;

@@ -2,9 +2,7 @@
 //! by scripts/setup-test-deps.sh) loads it from goodput's admin port, runs its script against
 //! the live JSON endpoints, and the test checks the DOM it rendered and takes a screenshot.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use std::process::Command;
 use std::time::Duration;
 

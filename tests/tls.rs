@@ -2,9 +2,7 @@
 //! when `upstream_tls.ca_files` names that CA, and refused with a clear 502 when it does not.
 //! The certificates are made by the openssl command line at test time.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use http::Response;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
