@@ -3,8 +3,8 @@
 # committed seed corpus. New inputs go to a scratch corpus (the committed one is not touched);
 # a crash leaves its input under fuzz/artifacts/TARGET and fails the script.
 #   scripts/fuzz.sh [SECONDS] [TARGET...]
-# CI runs it short (keeps the targets compiling and their properties holding); RELIABILITY.md
-# records long runs.
+# CI does not fuzz: tests/fuzz_corpus.rs replays the committed corpus through the same
+# properties (fuzz/properties/). RELIABILITY.md records long runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS="${1:-60}"

@@ -58,9 +58,6 @@ cargo clippy --release --all-targets -- -D warnings
 cargo clippy --release --all-targets --features cuda -- -D warnings
 # Every test binary runs even after one fails, so that one CI run reports every failure.
 cargo test --release --tests --no-fail-fast
-# The fuzz targets (fuzz/, cargo-fuzz on nightly), briefly: they keep compiling and their
-# properties keep holding; RELIABILITY.md has the long runs.
-scripts/fuzz.sh "${GOODPUT_FUZZ_SECS:-30}"
 # Supply chain: cargo-deny (licenses, bans, sources; advisories where the database can be
 # fetched) and yanked versions.
 scripts/deny.sh

@@ -17,6 +17,7 @@ mod e2e_vllm_pool;
 mod e2e_vllm_quality;
 mod embeddings;
 mod faults;
+mod fuzz_corpus;
 mod http_defects;
 mod lifecycle;
 mod perplexity;
