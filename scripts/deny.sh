@@ -8,7 +8,10 @@ CACHE="${GOODPUT_CACHE:-$HOME/.cache/goodput}"
 DENY="$CACHE/tools/bin/cargo-deny"
 if ! "$DENY" --version >/dev/null 2>&1; then
   echo "deny: installing cargo-deny into $CACHE/tools (a few minutes, once)" >&2
-  cargo install cargo-deny --version 0.20.2 --locked --root "$CACHE/tools" >&2
+  # Its own release profile is fat LTO in one codegen unit, slow to build on two cores for a
+  # tool that reads two lockfiles: built without them (a cold CI run installs it every time).
+  CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=16 \
+    cargo install cargo-deny --version 0.20.2 --locked --root "$CACHE/tools" >&2
 fi
 "$DENY" check bans licenses sources
 # The advisory database is a git repository on GitHub (rustsec/advisory-db). Where it cannot
