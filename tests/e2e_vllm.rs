@@ -268,8 +268,8 @@ async fn queueing_seen_the_way_vllm_sees_it() {
     };
 
     // vLLM's TTFT with nothing else running, one request at a time, directly: the SLO is 3x
-    // that (at least 1 s), so that the light phase meets it on any machine. Without AVX-512,
-    // vLLM's bfloat16 takes seconds to its first token even then.
+    // that (at least 1 s), so that the light phase meets it on any machine (on two cores vLLM
+    // takes a second or more to a first token even then).
     let (mut alone, alone_json) = bench(&v.url, ["--concurrency", "1"], 2, 16, 1000, "alone");
     assert!(tokio::task::spawn_blocking(move || alone.wait()).await.unwrap().unwrap().success());
     let alone_ttft = report(&alone_json)["ttft"]["median_ms"].as_f64().unwrap();
@@ -384,8 +384,7 @@ async fn queueing_seen_the_way_vllm_sees_it() {
 /// The Hugging Face model vLLM serves (scripts/models/gguf_to_hf.py) is the same model as the
 /// ONNX reference goodput scores with (scripts/models/gguf_to_onnx.py), both from one GGUF:
 /// vLLM's prompt logprobs of the test paragraph give the perplexity `goodput ppl` gives, each
-/// token conditioned on <|im_start|> as goodput's scorer conditions it. vLLM runs in bfloat16,
-/// the reference in float32.
+/// token conditioned on <|im_start|> as goodput's scorer conditions it. Both run in float32.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllms_model_scores_the_paragraph_as_the_onnx_reference_does() {
     let (_one, v) = vllm().await;
