@@ -56,7 +56,8 @@ cargo clippy --release --all-targets -- -D warnings
 # The `cuda` build too (tests/cuda.rs, the CUDA provider's code): CI has no GPU to run it on;
 # scripts/gpu-check.sh runs it on one.
 cargo clippy --release --all-targets --features cuda -- -D warnings
-# Every test binary runs even after one fails, so that one CI run reports every failure.
+# The unit tests and the black-box suite (tests/suite.rs, one binary) both run even when the
+# first fails, and every test in each runs, so that one CI run reports every failure.
 cargo test --release --tests --no-fail-fast
 # Supply chain: cargo-deny (licenses, bans, sources; advisories where the database can be
 # fetched) and yanked versions.

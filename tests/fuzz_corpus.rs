@@ -3,7 +3,6 @@
 //! libFuzzer would check it, without the instrumented build. Fuzzing itself is
 //! `scripts/fuzz.sh` (RELIABILITY.md).
 
-#[allow(dead_code)]
 #[path = "../fuzz/properties/mod.rs"]
 mod properties;
 
