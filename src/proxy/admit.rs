@@ -68,8 +68,7 @@ pub async fn request_filter(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared_len.is_some_and(|l| l > limit) {
-        let mut body = body;
-        linger(&mut body).await;
+        linger(body);
         return Err(too_large(limit, metrics));
     }
     headers::strip_hop_by_hop(&mut parts.headers);
@@ -143,20 +142,27 @@ enum BodyRead {
     Failed(hyper::Error),
 }
 
-/// Before a 413, read (and discard) what the client is still sending, for up to 1 s or 64 MiB,
-/// as nginx's lingering close does: closing on unread data resets the connection, and the
-/// reset can destroy the 413 before the client reads it.
-async fn linger(body: &mut Incoming) {
-    let drain = async {
-        let mut discarded = 0usize;
-        while let Some(Ok(f)) = body.frame().await {
-            discarded += f.data_ref().map_or(0, |d| d.len());
-            if discarded > 64 * 1024 * 1024 {
-                break;
+/// While the 413 goes out, read (and discard) what the client is still sending, as nginx's
+/// lingering close does: closing on unread data resets the connection, and the reset can
+/// destroy the 413 before the client reads it. The answer does not wait for the drain; the
+/// drain stops after LINGER_TOTAL, LINGER_IDLE without data, or LINGER_BYTES, and hyper
+/// closes the connection when it drops the body unread.
+fn linger(mut body: Incoming) {
+    const LINGER_TOTAL: Duration = Duration::from_secs(30);
+    const LINGER_IDLE: Duration = Duration::from_secs(5);
+    const LINGER_BYTES: usize = 64 * 1024 * 1024;
+    tokio::spawn(async move {
+        let drain = async {
+            let mut discarded = 0usize;
+            while let Ok(Some(Ok(f))) = tokio::time::timeout(LINGER_IDLE, body.frame()).await {
+                discarded += f.data_ref().map_or(0, |d| d.len());
+                if discarded > LINGER_BYTES {
+                    break;
+                }
             }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(1), drain).await;
+        };
+        let _ = tokio::time::timeout(LINGER_TOTAL, drain).await;
+    });
 }
 
 /// Read a metered request body whole, within `limit`.
@@ -168,7 +174,7 @@ async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, BodyRead> 
         let Ok(data) = frame.map_err(BodyRead::Failed)?.into_data() else { continue };
         len += data.len();
         if len > limit {
-            linger(&mut body).await;
+            linger(body);
             return Err(BodyRead::TooLarge);
         }
         // The usual body is one frame: keep it as it came, copy only from the second on.
