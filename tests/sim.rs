@@ -126,6 +126,7 @@ async fn demo_config_serves_from_the_in_process_sims_and_routes() {
     let standard_cheapest = count(&|b, r| b == "standard" && r == "cheapest");
     assert!(explored <= 2, "{served:?}");
     let wave_records = gp.records(12).await;
+    let mut probes_ended = f64::INFINITY;
     for b in ["standard", "premium"] {
         assert!(count(&|x, _| x == b) >= 1, "{b} probed: {served:?}");
         // b's first request (its probe) ends before its first sample can land; every other
@@ -138,14 +139,17 @@ async fn demo_config_serves_from_the_in_process_sims_and_routes() {
             })
             .unwrap();
         let first_end = first["start_unix_ms"].as_f64().unwrap() + first["e2e"].as_f64().unwrap() * 1000.0;
-        // 2 ms: the records' start is truncated to the ms. At most 2, not 1: two decisions
-        // made in the same microseconds on goodput's two workers can both see b unclaimed (the
-        // claim is taken when the request is dispatched, after the decision); a known race.
+        probes_ended = probes_ended.min(first_end);
+        // 2 ms: the records' start is truncated to the ms.
         let before = decided_by.iter().filter(|(x, r, t)| x == b && r == "cheapest" && t + 2.0 < first_end);
-        assert!(before.count() <= 2, "one probe per worker, not a burst: {first} {decided_by:?}");
+        assert!(before.count() <= 1, "one probe, not a burst: {first} {decided_by:?}");
     }
-    // Two probes each at most (the race above), and the explorations: budget took the rest.
-    assert!(to_budget >= 12 - 2 * 2 - explored, "{served:?}");
+    // Until a probe's sample can land, budget takes all but the two probes and explorations (a
+    // loaded machine may stretch the wave past that: what follows is then routed on numbers).
+    let early: Vec<_> = decided_by.iter().filter(|(_, _, t)| t + 2.0 < probes_ended).collect();
+    let elsewhere = early.iter().filter(|(b, r, _)| b != "budget" && r != "explore").count();
+    assert!(elsewhere <= 2, "{decided_by:?}");
+    assert!(to_budget >= 1, "{served:?}");
     // Now budget's TTFT p95 (~400 ms) is measured and misses the interactive class's 200 ms:
     // the next cheapest, standard, serves.
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -65,6 +65,7 @@ pub async fn forward(
             id,
             &tried,
             prompt.as_deref(),
+            metered.is_some(),
         )?;
         peer.dispatch.set_sample(metered.is_some());
         let backend = &peer.backend;

@@ -141,6 +141,7 @@ pub fn upstream_peer(
     id: u64,
     tried: &Tried,
     prompt: Option<&[u8]>,
+    sample: bool,
 ) -> Result<Peer, Error> {
     let retry = snap.config.limits.retry_after_secs;
     let mut empty: Vec<usize> = tried.backends.clone();
@@ -156,8 +157,9 @@ pub fn upstream_peer(
             prompt,
             endpoint_windows: &endpoint_windows,
             drift: &drift,
+            sample,
         };
-        let choice = router.choose(snap, route, &windows.backends.load(), &ask);
+        let mut choice = router.choose(snap, route, &windows.backends.load(), &ask);
         if let Some(why) = choice.shed {
             return Err(Error::new(
                 Kind::Shed,
@@ -181,7 +183,9 @@ pub fn upstream_peer(
             }
             continue;
         };
-        if let Some(dispatch) = Dispatch::try_start(&backend.state, &endpoint, backend.max_concurrency) {
+        if let Some(dispatch) =
+            Dispatch::try_start(&backend.state, &endpoint, backend.max_concurrency, choice.sample.take())
+        {
             return Ok(Peer {
                 index: choice.backend,
                 backend: backend.clone(),

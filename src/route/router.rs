@@ -282,22 +282,52 @@ pub struct PoolPick {
     pub draw: Draw,
 }
 
+/// A latency sample of a backend on its way: one metered request to it in flight. Counted in
+/// `samples_due` while it lives.
+pub struct SampleClaim(Arc<BackendState>);
+
+impl SampleClaim {
+    fn new(backend: &Arc<BackendState>) -> SampleClaim {
+        backend.samples_due.fetch_add(1, Ordering::Relaxed);
+        SampleClaim(backend.clone())
+    }
+
+    /// The first sample of a backend none is due from: one decision wins it, and a decision
+    /// that lost sees the backend as awaiting its sample. Without this, decisions on two
+    /// workers a few µs apart both find the backend unmeasured and unclaimed, and both probe it.
+    fn first(backend: &Arc<BackendState>) -> Option<SampleClaim> {
+        backend
+            .samples_due
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|_| SampleClaim(backend.clone()))
+    }
+}
+
+impl Drop for SampleClaim {
+    fn drop(&mut self) {
+        self.0.samples_due.fetch_sub(1, Ordering::Release);
+    }
+}
+
 /// One request counted as outstanding at a backend and its endpoint until this is dropped
 /// (with the response body, so a stream counts until its end).
 pub struct Dispatch {
     backend: Arc<BackendState>,
     endpoint: Arc<Endpoint>,
     /// Its request's record will be a latency sample of this backend.
-    sample: bool,
+    sample: Option<SampleClaim>,
 }
 
 impl Dispatch {
     /// Count the request unless the backend already has `max` outstanding: a hard limit,
-    /// since two requests cannot both take the last slot.
+    /// since two requests cannot both take the last slot. `sample`: the choice's claim on the
+    /// backend's next sample, kept while the request is a sample of it.
     pub fn try_start(
         backend: &Arc<BackendState>,
         endpoint: &Arc<Endpoint>,
         max: Option<u64>,
+        sample: Option<SampleClaim>,
     ) -> Option<Dispatch> {
         let claimed = match max {
             None => {
@@ -311,7 +341,7 @@ impl Dispatch {
         };
         claimed.then(|| {
             endpoint.outstanding.fetch_add(1, Ordering::Relaxed);
-            Dispatch { backend: backend.clone(), endpoint: endpoint.clone(), sample: false }
+            Dispatch { backend: backend.clone(), endpoint: endpoint.clone(), sample }
         })
     }
 
@@ -327,13 +357,10 @@ impl Dispatch {
     /// Whether the request's record will be a latency sample of this backend: a metered
     /// request's is, unless it fails over (its record then names the backend it ended at).
     pub fn set_sample(&mut self, sample: bool) {
-        if sample != self.sample {
-            self.sample = sample;
-            if sample {
-                self.backend.samples_due.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.backend.samples_due.fetch_sub(1, Ordering::Relaxed);
-            }
+        match (sample, self.sample.is_some()) {
+            (true, false) => self.sample = Some(SampleClaim::new(&self.backend)),
+            (false, true) => self.sample = None,
+            _ => {}
         }
     }
 }
@@ -342,10 +369,10 @@ impl Drop for Dispatch {
     fn drop(&mut self) {
         self.backend.outstanding.fetch_sub(1, Ordering::Relaxed);
         self.endpoint.outstanding.fetch_sub(1, Ordering::Relaxed);
-        if self.sample {
+        if let Some(claim) = self.sample.take() {
             // The time first: a decision that sees none due sees when the last one ended.
             self.backend.last_sample_ms.store(mono_ms(), Ordering::Relaxed);
-            self.backend.samples_due.fetch_sub(1, Ordering::Release);
+            drop(claim);
         }
     }
 }
@@ -461,6 +488,9 @@ pub struct Choice {
     pub at_capacity: bool,
     /// Every endpoint of every candidate is saturated and the class sheds: refuse with 429.
     pub shed: Option<String>,
+    /// The chosen backend's first sample, claimed by this choice (see [`SampleClaim::first`]):
+    /// for [`Dispatch::try_start`]. Dropped unused, it frees the backend for the next choice.
+    pub sample: Option<SampleClaim>,
 }
 
 /// What one choice needs to know of the request beyond the route.
@@ -477,6 +507,8 @@ pub struct Ask<'a> {
     pub endpoint_windows: &'a EndpointWindows,
     /// The recorder's drift signals.
     pub drift: &'a DriftView,
+    /// The request is metered: its record will be a latency sample of the backend chosen.
+    pub sample: bool,
 }
 
 pub use crate::meter::window::EndpointWindows;
@@ -647,27 +679,40 @@ impl Router {
             pick: PickReason::NoHealthyEndpoint,
             at_capacity,
             shed,
+            sample: None,
         };
         // Before the decision: a predicted wait past the TTFT objective sheds too, and that
         // does not make a backend unusable for the decision.
         if let Some(why) = self.shed(snap, route, ask, &class) {
             return refuse(false, Some(why));
         }
-        let d: Decision = choose(&class, &cands, &snap.policy, draw);
-        let (k, mut reason) = match d.backend {
-            Some(k) => (k, d.reason),
-            None => {
-                // Open circuits do not refuse (the upstream's answer is what the client
-                // gets), but a configured concurrency limit is a promise to the backend.
-                let has_room =
-                    |k: &usize| cands[*k].max_concurrency.is_none_or(|m| cands[*k].outstanding < m);
-                let Some(k) = (0..cands.len())
-                    .filter(|k| !tried.contains(&route.candidates[*k]) && has_room(k))
-                    .min_by_key(|&k| cands[k].outstanding)
-                else {
-                    return refuse(true, None);
-                };
-                (k, Reason::NoHealthyBackend)
+        let (d, k, mut reason, sample) = loop {
+            let d: Decision = choose(&class, &cands, &snap.policy, draw);
+            let (k, reason) = match d.backend {
+                Some(k) => (k, d.reason),
+                None => {
+                    // Open circuits do not refuse (the upstream's answer is what the client
+                    // gets), but a configured concurrency limit is a promise to the backend.
+                    let has_room =
+                        |k: &usize| cands[*k].max_concurrency.is_none_or(|m| cands[*k].outstanding < m);
+                    let Some(k) = (0..cands.len())
+                        .filter(|k| !tried.contains(&route.candidates[*k]) && has_room(k))
+                        .min_by_key(|&k| cands[k].outstanding)
+                    else {
+                        return refuse(true, None);
+                    };
+                    (k, Reason::NoHealthyBackend)
+                }
+            };
+            let c = &cands[k];
+            if !ask.sample || c.stats.samples > 0 || c.awaiting_sample {
+                break (d, k, reason, None);
+            }
+            match SampleClaim::first(&snap.backends[route.candidates[k]].state) {
+                Some(claim) => break (d, k, reason, Some(claim)),
+                // Another decision claimed it since the candidates were read: decide again as
+                // it would now (at most once per candidate, since a held one is never claimed).
+                None => cands[k].awaiting_sample = true,
             }
         };
         if !tried.is_empty() || !ask.tried_endpoints.is_empty() {
@@ -749,6 +794,7 @@ impl Router {
             pick: picked.reason,
             at_capacity: false,
             shed: None,
+            sample,
         }
     }
 
@@ -825,11 +871,11 @@ mod tests {
         backend.set_endpoints(vec![("http".parse().unwrap(), "127.0.0.1:1".parse().unwrap())]);
         let ep = backend.endpoints();
         assert!(!backend.sample_due(60_000), "never sent to");
-        let unmetered = Dispatch::try_start(&backend, &ep[0], None).unwrap();
+        let unmetered = Dispatch::try_start(&backend, &ep[0], None, None).unwrap();
         assert!(!backend.sample_due(60_000), "an unmetered request brings no sample");
         drop(unmetered);
         assert!(!backend.sample_due(60_000));
-        let mut d = Dispatch::try_start(&backend, &ep[0], None).unwrap();
+        let mut d = Dispatch::try_start(&backend, &ep[0], None, None).unwrap();
         d.set_sample(true);
         d.set_sample(true);
         assert!(backend.sample_due(0), "in flight, whatever the window");
@@ -840,6 +886,100 @@ mod tests {
         assert!(backend.sample_due(60_000), "ended just now: its record is on its way");
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(!backend.sample_due(10), "ended longer ago than the window");
+    }
+
+    /// Two unmeasured backends, `a` the cheaper, for a class that wants the cheapest; no
+    /// exploration, which may reach a backend whatever its state.
+    async fn two_new_backends(test: &str) -> (Arc<crate::config::reload::ConfigHandle>, Router) {
+        let dir = std::env::temp_dir().join(format!("goodput-router-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(format!("{test}.yaml"));
+        std::fs::write(
+            &path,
+            "backends:\n  - {name: a, url: \"http://127.0.0.1:9\", price: {input_per_1m: 1, output_per_1m: 1}}\n\
+             \x20 - {name: b, url: \"http://127.0.0.1:10\", price: {input_per_1m: 2, output_per_1m: 2}}\n\
+             classes:\n  c: {ttft_p95_ms: 1000, objective: cheapest}\nrouting: {default_class: c, exploration: 0}\n",
+        )
+        .unwrap();
+        let reloads = prometheus::IntCounterVec::new(prometheus::Opts::new("r", "r"), &["result"]).unwrap();
+        let config =
+            crate::config::reload::ConfigHandle::start(Some(path), None, reloads, Default::default())
+                .await
+                .expect("config");
+        let metric =
+            prometheus::IntCounterVec::new(prometheus::Opts::new("d", "d"), &["route", "backend", "reason"])
+                .unwrap();
+        (config, Router::new(metric))
+    }
+
+    fn decide_one(router: &Router, snap: &Snapshot, id: u64, sample: bool) -> (String, Option<SampleClaim>) {
+        let (endpoints, drift) = (EndpointWindows::default(), DriftView::default());
+        let ask = Ask {
+            slo: SloHeaders::default(),
+            id,
+            tried: &[],
+            tried_endpoints: &[],
+            prompt: None,
+            endpoint_windows: &endpoints,
+            drift: &drift,
+            sample,
+        };
+        let c = router.choose(snap, &snap.default_route, &HashMap::new(), &ask);
+        (snap.backends[c.backend].name.to_string(), c.sample)
+    }
+
+    #[tokio::test]
+    async fn a_choice_claims_a_new_backends_first_sample() {
+        let (config, router) = two_new_backends("claims").await;
+        let snap = config.load_full();
+        let (b, unmetered) = decide_one(&router, &snap, 1, false);
+        assert_eq!((b.as_str(), unmetered.is_some()), ("a", false), "an unmetered request claims nothing");
+        let (b, first) = decide_one(&router, &snap, 2, true);
+        assert_eq!((b.as_str(), first.is_some()), ("a", true));
+        // Before it is dispatched, the next decision sees `a`'s sample on its way.
+        let (b, second) = decide_one(&router, &snap, 3, true);
+        assert_eq!((b.as_str(), second.is_some()), ("b", true));
+        // Both on their way: nothing is learned by holding either back.
+        let (b, third) = decide_one(&router, &snap, 4, true);
+        assert_eq!((b.as_str(), third.is_some()), ("a", false));
+        // A claim dropped undispatched (a refusal, a full backend) frees the backend.
+        drop(first);
+        let (b, again) = decide_one(&router, &snap, 5, true);
+        assert_eq!((b.as_str(), again.is_some()), ("a", true));
+        // Dispatched, the claim is the request's sample until it ends.
+        let a = &snap.backends[0].state;
+        let mut d = Dispatch::try_start(a, &a.endpoints()[0], None, again).unwrap();
+        assert!(a.sample_due(0));
+        d.set_sample(true);
+        drop(d);
+        assert_eq!(a.samples_due.load(Ordering::Relaxed), 0, "claimed once, released once");
+        drop(second);
+        assert_eq!(snap.backends[1].state.samples_due.load(Ordering::Relaxed), 0);
+    }
+
+    /// Decisions at the same moment on two threads, as on two tokio workers: only one of them
+    /// probes `a`, whichever reads the candidates first.
+    #[tokio::test]
+    async fn concurrent_decisions_send_one_probe_per_new_backend() {
+        let (config, router) = two_new_backends("concurrent").await;
+        let snap = config.load_full();
+        let (router, snap) = (&router, &*snap);
+        let barrier = std::sync::Barrier::new(2);
+        for round in 0..300u64 {
+            let (x, y) = std::thread::scope(|s| {
+                let go = |id: u64| {
+                    let barrier = &barrier;
+                    s.spawn(move || {
+                        barrier.wait();
+                        decide_one(router, snap, id, true)
+                    })
+                };
+                let (x, y) = (go(2 * round), go(2 * round + 1));
+                (x.join().unwrap(), y.join().unwrap())
+            });
+            assert_ne!(x.0, y.0, "round {round}: both probed {}", x.0);
+            assert!(x.1.is_some() && y.1.is_some(), "round {round}");
+        }
     }
 
     #[test]
