@@ -210,29 +210,37 @@ async fn timing_against_vllms_clock_and_the_clients() {
 /// A client that hangs up: vLLM frees the request within a second (goodput drops the upstream
 /// connection, and vLLM aborts on it), and goodput's record says `cancelled`, with the tokens
 /// it forwarded: those vLLM generated less the few it made before the abort reached it.
+/// goodput counts them with the model's tokenizer, as configured: a cancelled stream has no
+/// usage, and a chunk count is only a lower bound (a starved vLLM API server sends several
+/// tokens in one chunk).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hang_up_frees_vllm_and_is_recorded_as_cancelled() {
     let (_one, v) = vllm().await;
-    let gp = goodput_before(&v).await;
+    let tok = std::path::Path::new(&std::env::var("GOODPUT_LLM_TOKDIR").expect("scripts/test.sh sets it"))
+        .join("tokenizer.json");
+    let yaml = format!("backends:\n  - name: vllm\n    url: {}\n    tokenizer: {}\n", v.url, tok.display());
+    let gp = Goodput::start(&yaml);
     let seen = v.client("hangup", gp.proxy).await;
     let freed = seen["freed_s"].as_f64().expect("vLLM still ran the request 10 s after the hang-up");
     assert!(freed < 1.0, "vLLM freed the request {freed:.2} s after the hang-up");
     let r = latest(&gp.records(1).await).clone();
     assert_eq!(r["outcome"], "cancelled", "{r}");
+    assert_eq!(r["completion_source"], "tokenizer", "{r}");
     let generated = seen["generation_tokens"].as_f64().unwrap();
     let counted = r["completion_tokens"].as_f64().unwrap();
-    let tpot = r["itl_mean"].as_f64().unwrap();
-    eprintln!(
-        "hang-up: vLLM generated {generated}, goodput counted {counted} ({}), freed in {:.0} ms, ITL {:.1} ms",
-        r["completion_source"],
+    let itl = seen["vllm_itl_s"].as_f64().expect("vLLM reported no inter-token latency");
+    let summary = format!(
+        "vLLM generated {generated}, goodput counted {counted} ({} chunks), freed in {:.0} ms, vLLM's ITL {:.1} ms",
+        r["content_chunks"],
         freed * 1e3,
-        tpot * 1e3
+        itl * 1e3
     );
-    assert!(counted >= seen["chunks_read"].as_f64().unwrap());
-    assert!(counted <= generated, "goodput counted more than vLLM generated");
+    eprintln!("hang-up: {summary}");
+    assert!(counted >= seen["chunks_read"].as_f64().unwrap(), "{summary}");
+    assert!(counted <= generated, "goodput counted more than vLLM generated: {summary}");
     // What vLLM made between the hang-up and the abort: about freed / ITL tokens.
-    let slack = (freed / tpot).ceil() + 2.0;
-    assert!(generated - counted <= slack, "vLLM generated {generated}, goodput counted {counted}");
+    let slack = (freed / itl).ceil() + 2.0;
+    assert!(generated - counted <= slack, "{summary}");
 }
 
 /// Drive vLLM past its capacity with `goodput bench` (open loop) through goodput: vLLM's queue
