@@ -67,7 +67,6 @@ pub async fn forward(
             prompt.as_deref(),
             metered.is_some(),
         )?;
-        peer.dispatch.set_sample(metered.is_some());
         let backend = &peer.backend;
         let headers = if can_failover { parts.headers.clone() } else { std::mem::take(&mut parts.headers) };
         // A body in memory can be sent again; a streamed one only once (no failover then).
@@ -110,7 +109,7 @@ pub async fn forward(
         if err.may_fail_over() && can_failover {
             tried.failed(&peer);
             if tried.any_left(snap, route) {
-                peer.dispatch.set_sample(false);
+                peer.dispatch.no_sample();
                 tracing::warn!(backend = %backend.name, endpoint = %peer.endpoint.label, kind = err.kind.code(), error = %err, "failing over");
                 continue;
             }

@@ -354,14 +354,10 @@ impl Dispatch {
         self.endpoint.report(ok);
     }
 
-    /// Whether the request's record will be a latency sample of this backend: a metered
-    /// request's is, unless it fails over (its record then names the backend it ended at).
-    pub fn set_sample(&mut self, sample: bool) {
-        match (sample, self.sample.is_some()) {
-            (true, false) => self.sample = Some(SampleClaim::new(&self.backend)),
-            (false, true) => self.sample = None,
-            _ => {}
-        }
+    /// The request fails over: its record will name the backend it ends at, so it brings no
+    /// sample of this one.
+    pub fn no_sample(&mut self) {
+        self.sample = None;
     }
 }
 
@@ -488,8 +484,9 @@ pub struct Choice {
     pub at_capacity: bool,
     /// Every endpoint of every candidate is saturated and the class sheds: refuse with 429.
     pub shed: Option<String>,
-    /// The chosen backend's first sample, claimed by this choice (see [`SampleClaim::first`]):
-    /// for [`Dispatch::try_start`]. Dropped unused, it frees the backend for the next choice.
+    /// A metered request's sample of the chosen backend, for [`Dispatch::try_start`]; the
+    /// first one of an unmeasured backend is won by one choice only ([`SampleClaim::first`]).
+    /// Dropped unused, it frees the backend for the next choice.
     pub sample: Option<SampleClaim>,
 }
 
@@ -704,11 +701,14 @@ impl Router {
                     (k, Reason::NoHealthyBackend)
                 }
             };
-            let c = &cands[k];
-            if !ask.sample || c.stats.samples > 0 || c.awaiting_sample {
+            let (c, state) = (&cands[k], &snap.backends[route.candidates[k]].state);
+            if !ask.sample {
                 break (d, k, reason, None);
             }
-            match SampleClaim::first(&snap.backends[route.candidates[k]].state) {
+            if c.stats.samples > 0 || c.awaiting_sample {
+                break (d, k, reason, Some(SampleClaim::new(state)));
+            }
+            match SampleClaim::first(state) {
                 Some(claim) => break (d, k, reason, Some(claim)),
                 // Another decision claimed it since the candidates were read: decide again as
                 // it would now (at most once per candidate, since a held one is never claimed).
@@ -875,14 +875,15 @@ mod tests {
         assert!(!backend.sample_due(60_000), "an unmetered request brings no sample");
         drop(unmetered);
         assert!(!backend.sample_due(60_000));
-        let mut d = Dispatch::try_start(&backend, &ep[0], None, None).unwrap();
-        d.set_sample(true);
-        d.set_sample(true);
+        let metered =
+            || Dispatch::try_start(&backend, &ep[0], None, Some(SampleClaim::new(&backend))).unwrap();
+        let mut d = metered();
         assert!(backend.sample_due(0), "in flight, whatever the window");
-        d.set_sample(false);
+        d.no_sample();
         assert!(!backend.sample_due(60_000), "failed over: its record names another backend");
-        d.set_sample(true);
         drop(d);
+        assert!(!backend.sample_due(60_000), "a request that failed over ended here unmeasured");
+        drop(metered());
         assert!(backend.sample_due(60_000), "ended just now: its record is on its way");
         std::thread::sleep(std::time::Duration::from_millis(20));
         assert!(!backend.sample_due(10), "ended longer ago than the window");
@@ -939,22 +940,24 @@ mod tests {
         // Before it is dispatched, the next decision sees `a`'s sample on its way.
         let (b, second) = decide_one(&router, &snap, 3, true);
         assert_eq!((b.as_str(), second.is_some()), ("b", true));
-        // Both on their way: nothing is learned by holding either back.
+        // Both on their way: nothing is learned by holding either back. The third is a second
+        // sample of `a`, not its first.
+        let samples_due = |i: usize| snap.backends[i].state.samples_due.load(Ordering::Relaxed);
         let (b, third) = decide_one(&router, &snap, 4, true);
-        assert_eq!((b.as_str(), third.is_some()), ("a", false));
+        assert_eq!((b.as_str(), third.is_some(), samples_due(0)), ("a", true, 2));
+        drop(third);
         // A claim dropped undispatched (a refusal, a full backend) frees the backend.
         drop(first);
         let (b, again) = decide_one(&router, &snap, 5, true);
         assert_eq!((b.as_str(), again.is_some()), ("a", true));
         // Dispatched, the claim is the request's sample until it ends.
         let a = &snap.backends[0].state;
-        let mut d = Dispatch::try_start(a, &a.endpoints()[0], None, again).unwrap();
+        let d = Dispatch::try_start(a, &a.endpoints()[0], None, again).unwrap();
         assert!(a.sample_due(0));
-        d.set_sample(true);
         drop(d);
-        assert_eq!(a.samples_due.load(Ordering::Relaxed), 0, "claimed once, released once");
+        assert_eq!(samples_due(0), 0, "claimed once, released once");
         drop(second);
-        assert_eq!(snap.backends[1].state.samples_due.load(Ordering::Relaxed), 0);
+        assert_eq!(samples_due(1), 0);
     }
 
     /// Decisions at the same moment on two threads, as on two tokio workers: only one of them
