@@ -260,6 +260,8 @@ async fn secrets_and_user_text_stay_out_of_logs_metrics_and_admin() {
         assert_eq!(r.status, 200, "{path}");
         seen_text += &r.text();
     }
+    // Records are filed off the hot path: wait until the six unlisted models are counted.
+    wait_metric(&gp, "goodput_requests_total", &[("gen_ai_request_model", "other")], 6.0).await;
     let metrics = send(gp.admin, get("/metrics", None)).await;
     assert_eq!(metrics.status, 200);
     seen_text += &metrics.text();
