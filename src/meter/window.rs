@@ -68,7 +68,13 @@ struct Slot {
 #[derive(Debug, Clone, Copy, Default, Serialize, PartialEq)]
 pub struct Counts {
     pub requests: u64,
+    /// The backend failed: 5xx, an error event, a reset, a refused connection, a timeout (what
+    /// the circuit breaker counts).
     pub errors: u64,
+    /// The backend answered 4xx: the request's doing, not the backend's health.
+    pub client_errors: u64,
+    /// goodput refused the request before or instead of the backend (413, at capacity).
+    pub rejected: u64,
     pub cancelled: u64,
     pub slo_judged: u64,
     pub slo_met: u64,
@@ -83,6 +89,8 @@ impl Counts {
     fn add(&mut self, o: &Counts) {
         self.requests += o.requests;
         self.errors += o.errors;
+        self.client_errors += o.client_errors;
+        self.rejected += o.rejected;
         self.cancelled += o.cancelled;
         self.slo_judged += o.slo_judged;
         self.slo_met += o.slo_met;
@@ -148,6 +156,8 @@ pub struct WindowSnapshot {
     pub goodput_tokens_per_sec: f64,
     /// slo_met / slo_judged.
     pub slo_attainment: Option<f64>,
+    /// errors / requests: the backend's failures only. A client that sends bad requests or
+    /// a request goodput refuses does not make a backend look unhealthy.
     pub error_rate: Option<f64>,
     /// Scored responses over the (longer) quality window.
     pub quality: QualitySnapshot,
@@ -214,7 +224,9 @@ impl Window {
         let c = &mut s.counts;
         c.requests += 1;
         c.cost += cost;
-        c.errors += u64::from(r.outcome.is_error());
+        c.errors += u64::from(r.outcome.is_upstream_failure());
+        c.client_errors += u64::from(r.outcome == super::record::Outcome::ClientError);
+        c.rejected += u64::from(r.outcome == super::record::Outcome::Rejected);
         c.cancelled += u64::from(r.outcome == super::record::Outcome::Cancelled);
         c.input_tokens += r.prompt_tokens.unwrap_or(0);
         c.output_tokens += r.completion_tokens.unwrap_or(0);
@@ -633,6 +645,20 @@ mod tests {
         assert_eq!(s.error_rate, Some(1.0));
         assert_eq!(s.ttft.count, 0, "errors do not enter latency quantiles");
         assert_eq!(w.snapshot(30).counts.requests, 0);
+    }
+
+    #[test]
+    fn error_rate_counts_the_backends_failures_not_the_clients() {
+        let mut w = Window::new(10);
+        let with = |outcome| RequestRecord { outcome, ..rec(10, true, true) };
+        for o in [Outcome::Ok, Outcome::ClientError, Outcome::Rejected, Outcome::Cancelled, Outcome::Timeout]
+        {
+            w.add(1, &with(o), 0.0);
+        }
+        let s = w.snapshot(1);
+        assert_eq!((s.counts.errors, s.counts.client_errors, s.counts.rejected), (1, 1, 1));
+        assert_eq!(s.error_rate, Some(0.2));
+        assert_eq!(s.ttft.count, 2, "only answered requests enter latency quantiles");
     }
 
     #[test]
