@@ -532,6 +532,8 @@ async fn metrics_latency_goodput_and_label_bounds() {
     let w = &b["backends"][0]["window"];
     assert_eq!(w["counts"]["requests"], 6);
     assert_eq!(w["counts"]["slo_judged"], 5, "the client's own error is not judged");
+    assert_eq!((&w["counts"]["client_errors"], &w["counts"]["errors"]), (&1.into(), &0.into()), "{w}");
+    assert_eq!(w["error_rate"], 0.0, "a client's 400 is not the backend's failure");
     let p50 = w["ttft"]["p50"].as_f64().unwrap();
     assert!((0.019..0.040).contains(&p50), "windowed TTFT p50 {p50}");
 }
