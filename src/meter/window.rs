@@ -11,7 +11,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use super::record::RequestRecord;
+use super::record::{Outcome, RequestRecord};
 
 const MAX_MICROS: u64 = 3_600_000_000;
 
@@ -225,9 +225,9 @@ impl Window {
         c.requests += 1;
         c.cost += cost;
         c.errors += u64::from(r.outcome.is_upstream_failure());
-        c.client_errors += u64::from(r.outcome == super::record::Outcome::ClientError);
-        c.rejected += u64::from(r.outcome == super::record::Outcome::Rejected);
-        c.cancelled += u64::from(r.outcome == super::record::Outcome::Cancelled);
+        c.client_errors += u64::from(r.outcome == Outcome::ClientError);
+        c.rejected += u64::from(r.outcome == Outcome::Rejected);
+        c.cancelled += u64::from(r.outcome == Outcome::Cancelled);
         c.input_tokens += r.prompt_tokens.unwrap_or(0);
         c.output_tokens += r.completion_tokens.unwrap_or(0);
         if let Some(met) = r.slo_met {
@@ -247,7 +247,7 @@ impl Window {
                 let _ = s.h.tpot.record(t);
                 let _ = total.tpot.record(t);
             }
-            if r.outcome == super::record::Outcome::Ok {
+            if r.outcome == Outcome::Ok {
                 let t = micros(r.e2e);
                 let _ = s.h.e2e.record(t);
                 let _ = total.e2e.record(t);
@@ -598,7 +598,7 @@ pub fn confident<'a>(ds: &'a [Drift], signals: &[Signal]) -> Option<&'a Drift> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::meter::record::{Outcome, TokenSource};
+    use crate::meter::record::TokenSource;
     use crate::openai::Operation;
 
     fn rec(ttft_ms: u64, ok: bool, met: bool) -> RequestRecord {
