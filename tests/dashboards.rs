@@ -127,7 +127,7 @@ quality:
     ));
     let rules =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("helm/goodput/files/goodput-rules.yaml");
-    let (_prom, port) = start_prometheus(gp.admin, &[&rules]);
+    let (_prom, port) = start_prometheus(gp.admin, &[&rules]).await;
 
     // Steady mixed load: streaming and not, chat and legacy completions.
     let stop = Arc::new(AtomicBool::new(false));

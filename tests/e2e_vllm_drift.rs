@@ -146,7 +146,7 @@ async fn a_degraded_replica_is_detected_alerted_and_drained_and_a_healthy_pair_i
     {
         let gp = Goodput::start(&config(&a, &b));
         let rules = rules(&gp.dir);
-        let (_prom, port) = start_prometheus(gp.admin, &[&rules]);
+        let (_prom, port) = start_prometheus(gp.admin, &[&rules]).await;
         let mut sent = 0;
         let bk = loop {
             let got = traffic(&gp, Some(0.7), sent, 8).await;
@@ -187,7 +187,7 @@ async fn a_degraded_replica_is_detected_alerted_and_drained_and_a_healthy_pair_i
     // The servers' default sampling: the second replica's is broken.
     let gp = Goodput::start(&config(&a, &b));
     let rules = rules(&gp.dir);
-    let (_prom, port) = start_prometheus(gp.admin, &[&rules]);
+    let (_prom, port) = start_prometheus(gp.admin, &[&rules]).await;
     let t0 = Instant::now();
     let mut sent = 0;
     let bk = loop {

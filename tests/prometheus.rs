@@ -11,7 +11,7 @@ async fn prometheus_scrapes_ttft_and_goodput() {
     let gp = Goodput::start(&format!(
         "backends:\n  - name: sim\n    url: http://{sim_addr}\n    models: [sim-model]\nslo:\n  ttft_ms: 100\n"
     ));
-    let (_prom, port) = start_prometheus(gp.admin, &[]);
+    let (_prom, port) = start_prometheus(gp.admin, &[]).await;
 
     // Traffic for a few scrape intervals.
     let body = r#"{"model":"sim-model","stream":true,"messages":[{"role":"user","content":"hello"}]}"#;
@@ -64,7 +64,7 @@ routes:
   - {name: to-sluggish, match: {headers: {x-to: sluggish}}, backends: [sluggish]}
 "#,
     );
-    let (_prom, port) = start_prometheus(a.admin, &[]);
+    let (_prom, port) = start_prometheus(a.admin, &[]).await;
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}"#;
     // Steady traffic through A while B reads (rate() and increase() need it ongoing).
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -141,7 +141,7 @@ async fn the_hallucination_rate_interval_reaches_the_router_through_prometheus()
         });
         send(a.proxy, post_json("/v1/chat/completions", &body.to_string()))
     };
-    let (_prom, port) = start_prometheus(a.admin, &[]);
+    let (_prom, port) = start_prometheus(a.admin, &[]).await;
     for i in 0..10 {
         assert_eq!(ask(i).await.status, 200);
     }

@@ -14,8 +14,10 @@ impl Drop for Prom {
     }
 }
 
-/// Prometheus scraping `target` every second, evaluating `rule_files` every second.
-pub fn start_prometheus(target: std::net::SocketAddr, rule_files: &[&std::path::Path]) -> (Prom, u16) {
+/// Prometheus scraping `target` every second, evaluating `rule_files` every second, once it
+/// reports ready: it listens before its storage is open and answers queries 503 until then,
+/// which on a loaded machine can take seconds.
+pub async fn start_prometheus(target: std::net::SocketAddr, rule_files: &[&std::path::Path]) -> (Prom, u16) {
     let bin = std::env::var("PROMETHEUS_BIN").unwrap_or_else(|_| "prometheus".into());
     let dir = temp_dir("prom");
     let cfg = dir.join("prometheus.yml");
@@ -38,7 +40,17 @@ pub fn start_prometheus(target: std::net::SocketAddr, rule_files: &[&std::path::
         .unwrap_or_else(|e| {
             panic!("cannot start `{bin}` ({e}): run scripts/setup-test-deps.sh to install Prometheus")
         });
-    (Prom(child, dir), port)
+    let mut prom = Prom(child, dir);
+    let addr = format!("127.0.0.1:{port}").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while probe(addr, "/-/ready").await != Some(200) {
+        if let Ok(Some(status)) = prom.0.try_wait() {
+            panic!("Prometheus exited while starting: {status}");
+        }
+        assert!(Instant::now() < deadline, "Prometheus was not ready within 60 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (prom, port)
 }
 
 pub async fn query(port: u16, q: &str) -> serde_json::Value {
