@@ -34,6 +34,8 @@ VALUE_SETS = {
     "sidecar-gpu-scorer-pvc": {
         "scorer": {"enabled": True, "gpu": True, "maxCpu": 2, "model": {"source": "pvc", "pvc": {"claimName": "goodput-models"}}},
         "image": {"tag": "0.1.0-cuda"},
+        # CUDA's first session takes longer: an odd number rounds up to whole probe periods.
+        "goodput": {"startupSeconds": 601},
     },
     "router-default": {"mode": "router"},
     "router-three-backends": {
@@ -117,6 +119,13 @@ def check_objects(name, objs, values, goodput_bin, out):
     probes = (gp["livenessProbe"]["httpGet"]["path"], gp["readinessProbe"]["httpGet"]["path"])
     if probes != ("/healthz", "/readyz"):
         fail(f"{name}: probes {probes}")
+    # goodput serves nothing while it loads the scorer's model: without a startup probe the
+    # liveness probe would restart a slow start over and over.
+    sp = gp.get("startupProbe") or fail(f"{name}: goodput has no startupProbe")
+    window = sp["periodSeconds"] * sp["failureThreshold"]
+    want_window = values.get("goodput", {}).get("startupSeconds", 300)
+    if sp["httpGet"]["path"] != "/healthz" or not want_window <= window < want_window + sp["periodSeconds"]:
+        fail(f"{name}: startupProbe {sp} does not wait {want_window} s for /healthz")
     for k in ("requests", "limits"):
         if not gp["resources"].get(k):
             fail(f"{name}: goodput has no resource {k}")

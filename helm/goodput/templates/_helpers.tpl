@@ -72,6 +72,10 @@ app.kubernetes.io/component: {{ .Values.mode }}
   ports:
     - {name: http, containerPort: {{ .Values.goodput.port }}, protocol: TCP}
     - {name: admin, containerPort: {{ .Values.goodput.adminPort }}, protocol: TCP}
+  startupProbe:
+    httpGet: {path: /healthz, port: admin}
+    periodSeconds: 2
+    failureThreshold: {{ div (add .Values.goodput.startupSeconds 1) 2 | max 1 }}
   livenessProbe:
     httpGet: {path: /healthz, port: admin}
     periodSeconds: 10
