@@ -173,17 +173,23 @@ async fn the_hallucination_rate_interval_reaches_the_router_through_prometheus()
         "goodput_consistency_hallucinated_total",
         "goodput_consistency_hallucinated_band_total",
     ];
+    // A's recorder files a check's verdict up to 250 ms after the check is counted, so its
+    // counts are final once two reads 300 ms apart agree.
     let deadline = Instant::now() + Duration::from_secs(30);
-    'scraped: loop {
+    let mut last = Vec::new();
+    loop {
         let text = a.metrics().await;
-        for m in counters {
-            if scalar(&query(port, &format!("sum({m})")).await) != Some(metric(&text, m, &[])) {
-                assert!(Instant::now() < deadline, "Prometheus never scraped the final {m}");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-                continue 'scraped;
-            }
+        let now: Vec<f64> = counters.iter().map(|m| metric(&text, m, &[])).collect();
+        let mut scraped = true;
+        for (m, v) in counters.iter().zip(&now) {
+            scraped &= scalar(&query(port, &format!("sum({m})")).await) == Some(*v);
         }
-        break;
+        if scraped && now == last {
+            break;
+        }
+        assert!(Instant::now() < deadline, "Prometheus never scraped A's final counts: {now:?}");
+        last = now;
+        tokio::time::sleep(Duration::from_millis(300)).await;
     }
 
     let b = Goodput::start(&format!(
