@@ -3,8 +3,7 @@
 //! Feeds realistic vLLM chat chunks (one event per frame, ~240 bytes) through `ResponseMeter`
 //! as the proxy does for every frame it forwards, and reports the median time per chunk over
 //! repeated runs, next to the bare SSE reader and a plain `Bytes` clone (the floor). The chunk
-//! reader is also timed against serde_json's reading of the same chunks (its fallback), and on
-//! a whole non-streaming response of about 2 KB. Last, the recorder's work on a full 60 s
+//! reading is also timed alone, and on a whole non-streaming response of about 2 KB. Last, the recorder's work on a full 60 s
 //! window: a second's records and its four snapshots.
 
 use bytes::Bytes;
@@ -13,7 +12,7 @@ use goodput::meter::observe::ResponseMeter;
 use goodput::meter::window::Window;
 use goodput::openai::Operation;
 use goodput::openai::SseReader;
-use goodput::openai::response::{parse_chunk, parse_chunk_serde};
+use goodput::openai::response::parse_chunk;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -77,8 +76,7 @@ fn main() {
             }
         })
     };
-    let fast = read_with(parse_chunk);
-    let serde = read_with(parse_chunk_serde);
+    let chunk = read_with(parse_chunk);
     // Generated text as JSON escapes it: quotes and newlines.
     let words = "The quick brown fox jumps over the lazy dog, and then \"explains\" why.\n".repeat(28);
     let words = serde_json::to_string(&words).expect("a string");
@@ -95,7 +93,7 @@ fn main() {
             }
         }) * 20.0
     };
-    let (resp_fast, resp_serde) = (whole(parse_chunk), whole(parse_chunk_serde));
+    let resp = whole(parse_chunk);
     let pass = meter(false, false);
     let strip = meter(true, false);
     let text = meter(true, true);
@@ -105,17 +103,9 @@ fn main() {
     println!("  ResponseMeter (client asked for usage)   {pass:>8.0} ns");
     println!("  ResponseMeter (usage injected, stripped) {strip:>8.0} ns");
     println!("  ResponseMeter (+ text for tokenizer)     {text:>8.0} ns");
-    println!("  parse_chunk (one-pass reader)            {fast:>8.0} ns");
-    println!(
-        "  parse_chunk_serde (serde_json)           {serde:>8.0} ns   ({:.2}x the reader's)",
-        serde / fast
-    );
+    println!("  parse_chunk (serde_json)                 {chunk:>8.0} ns");
     println!("per response of {} bytes, with its text:", response.len());
-    println!("  parse_response (one-pass reader)         {resp_fast:>8.0} ns");
-    println!(
-        "  serde_json                               {resp_serde:>8.0} ns   ({:.2}x the reader's)",
-        resp_serde / resp_fast
-    );
+    println!("  parse_response (serde_json)              {resp:>8.0} ns");
     let (second, first, later) = window_publishing();
     println!(
         "the recorder's work on a full 60 s window per second, 100 records in each (it publishes 4 times a second):"

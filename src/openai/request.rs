@@ -47,16 +47,9 @@ struct Fields<'a> {
 }
 
 impl RequestInfo {
-    /// One pass that reads only these fields (`skim::request`), and serde_json where that
-    /// reader is unsure.
+    /// serde_json's reading of the fields above; every other member is skipped, its grammar
+    /// checked.
     pub fn parse(body: &[u8]) -> RequestInfo {
-        super::skim::request(body).unwrap_or_else(|_| Self::parse_serde(body))
-    }
-
-    /// serde_json's reading: the fallback of `parse`, and its reference (the `openai_parsers`
-    /// fuzz target holds the two to the same answer).
-    #[doc(hidden)]
-    pub fn parse_serde(body: &[u8]) -> RequestInfo {
         // Lenient on types: a wrong type is the upstream's error to report, not ours.
         let is_object = body.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
         // JSON is UTF-8. serde skips unknown members without checking their strings, so a body
@@ -320,48 +313,41 @@ mod tests {
     }
 
     #[test]
-    fn the_fast_request_reader_answers_as_serde_does() {
-        for s in REQUESTS {
-            let fast = crate::openai::skim::request(s.as_bytes());
-            assert!(fast.is_ok(), "fast path gave up on {s}");
-            assert_eq!(fast.ok(), Some(RequestInfo::parse_serde(s.as_bytes())), "{s}");
+    fn reads_the_fields_and_skips_the_rest() {
+        let read = |s: &str| {
+            let i = RequestInfo::parse(s.as_bytes());
+            let flags =
+                (i.valid_json, i.stream, i.include_usage, i.has_stream_options, i.continuous_usage_stats);
+            format!("{:?} {flags:?} n={} max={:?}", i.model, i.n, i.max_tokens)
+        };
+        let want = [
+            r#"Some("m") (true, true, None, false, false) n=2 max=Some(5)"#,
+            r#"Some("Qwen/Qwen2.5-7B-Instruct") (true, false, None, false, false) n=1 max=None"#,
+            r#"None (true, true, Some(false), true, true) n=1 max=Some(7)"#,
+            r#"Some("m") (true, false, None, false, false) n=1024 max=None"#,
+            r#"Some("m/x") (true, true, None, false, false) n=1 max=None"#,
+            r#"None (true, false, None, false, false) n=1 max=None"#,
+            r#"None (true, false, None, false, false) n=1 max=None"#,
+        ];
+        assert_eq!(REQUESTS.len(), want.len());
+        for (s, want) in REQUESTS.iter().zip(want) {
+            assert_eq!(read(s), want, "{s}");
         }
-        let i = RequestInfo::parse(REQUESTS[4].as_bytes());
-        assert_eq!(i.model.as_deref(), Some("m/x"));
-        for s in [
-            r#"{"model":5,"stream":"yes","n":-3}"#,
-            r#"{"model":"a","model":"b"}"#,
-            r#"{"mod\u0065l":"a"}"#,
-            r#"{"n":2.0}"#,
-            r#"{"n":18446744073709551616}"#,
-            r#"{"stream_options":true}"#,
-            r#"{"stream_options":{"include_usage":true,"include_usage":false}}"#,
-            r#"{"max_completion_tokens":"7","max_tokens":3}"#,
-            // Found by fuzzing: serde_json builds stream_options as a `Value`, where a
-            // number out of f64's range is an error (at the top level it is skipped).
-            r#"{"stream_options":{"x":1e999}}"#,
-            r#"{"stream_options":{"x":[1.5]}}"#,
-            r#"{"stream_options":{"x":1234567890123456789012}}"#,
-            r#"{"a":1} x"#,
-            "[1]",
-            "\u{c}{}",
-            "",
-        ] {
-            assert_eq!(crate::openai::skim::request(s.as_bytes()), Err(crate::openai::skim::Unsure), "{s}");
-            assert_eq!(RequestInfo::parse(s.as_bytes()), RequestInfo::parse_serde(s.as_bytes()), "{s}");
+        // A wrong type is the upstream's to refuse: the body is valid, the field unread.
+        assert_eq!(
+            read(r#"{"model":5,"stream":"yes","n":-3}"#),
+            "None (true, false, None, false, false) n=1 max=None"
+        );
+        assert_eq!(
+            read(r#"{"n":2.0,"max_completion_tokens":"7","max_tokens":3}"#),
+            "None (true, false, None, false, false) n=1 max=None"
+        );
+        assert_eq!(read(r#"{"stream_options":true}"#), "None (true, false, None, true, false) n=1 max=None");
+        // Not a JSON object, or not well-formed: forwarded unchanged, never rewritten.
+        for s in [r#"{"model":"a","model":"b"}"#, r#"{"a":1} x"#, "[1]", "\u{c}{}", ""] {
+            assert_eq!(RequestInfo::parse(s.as_bytes()), RequestInfo { n: 1, ..Default::default() }, "{s}");
         }
-    }
-
-    /// Mutated requests: wherever the fast reader answers, serde_json answers the same.
-    #[test]
-    fn the_fast_request_reader_agrees_with_serde_under_mutation() {
-        crate::openai::mutated(REQUESTS, |v, _| {
-            let fast = crate::openai::skim::request(v);
-            if let Ok(fast) = &fast {
-                assert_eq!(fast, &RequestInfo::parse_serde(v), "{}", String::from_utf8_lossy(v));
-            }
-            fast.is_ok()
-        });
+        assert!(!RequestInfo::parse(b"{\"messages\":\"\xff\"}").valid_json, "invalid UTF-8");
     }
 
     #[test]

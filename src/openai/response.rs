@@ -5,40 +5,20 @@ use std::borrow::Cow;
 
 pub use super::types::{ChunkInfo, Usage};
 
+/// A string borrowed from the chunk unless it has an escape: serde copies an `Option<Cow<str>>`
+/// always, and borrows only a `Cow` marked `borrow` itself.
 #[derive(Deserialize)]
-struct RawChunk<'a> {
-    #[serde(default, borrow)]
-    choices: Option<Vec<RawChoice<'a>>>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<serde::de::IgnoredAny>,
-}
-
-#[derive(Deserialize)]
-struct RawChoice<'a> {
-    #[serde(default)]
-    index: Option<u32>,
-    #[serde(default, borrow)]
-    delta: Option<RawMessage<'a>>,
-    /// Legacy completions stream text here.
-    #[serde(default, borrow)]
-    text: Option<Cow<'a, str>>,
-    /// Non-streaming chat responses.
-    #[serde(default, borrow)]
-    message: Option<RawMessage<'a>>,
-    #[serde(default, borrow)]
-    finish_reason: Option<Cow<'a, str>>,
-}
+#[serde(transparent)]
+struct Text<'a>(#[serde(borrow)] Cow<'a, str>);
 
 #[derive(Deserialize)]
 struct RawMessage<'a> {
     #[serde(default, borrow)]
-    content: Option<Cow<'a, str>>,
+    content: Option<Text<'a>>,
     #[serde(default, borrow)]
-    reasoning_content: Option<Cow<'a, str>>,
+    reasoning_content: Option<Text<'a>>,
     #[serde(default, borrow)]
-    reasoning: Option<Cow<'a, str>>,
+    reasoning: Option<Text<'a>>,
     #[serde(default)]
     tool_calls: Option<serde::de::IgnoredAny>,
 }
@@ -47,58 +27,196 @@ struct RawMessage<'a> {
 /// forwarded; the chunk just teaches the meter nothing). `texts`: also return the generated
 /// text (the tokenizer fallback, scoring); without it `ChunkInfo::texts` stays empty.
 ///
-/// The one-pass reader in `skim.rs` answers wherever it can vouch for the same answer as
-/// serde_json (every chunk a real server sends); anything else is read by serde_json.
+/// serde_json reads it in one pass: the chunk's members are visited in place and each choice
+/// is folded into the answer as it is read, so a token's chunk allocates nothing unless its
+/// text is asked for. Stricter than JSON, never looser: a duplicated known member is
+/// refused.
 pub fn parse_chunk(data: &[u8], texts: bool) -> Option<ChunkInfo<'_>> {
-    match super::skim::chunk(data, texts) {
-        Ok(info) => Some(info),
-        Err(super::skim::Unsure) => parse_chunk_serde(data, texts),
+    use serde::de::DeserializeSeed;
+    // JSON is UTF-8; checked once here, so that serde_json need not check each string.
+    let mut de = serde_json::Deserializer::from_str(std::str::from_utf8(data).ok()?);
+    let info = ChunkSeed { texts }.deserialize(&mut de).ok()?;
+    de.end().ok()?;
+    Some(info)
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum ChunkField {
+    Choices,
+    Usage,
+    Error,
+    #[serde(other)]
+    Other,
+}
+
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum ChoiceField {
+    Index,
+    Delta,
+    Message,
+    Text,
+    FinishReason,
+    #[serde(other)]
+    Other,
+}
+
+struct ChunkSeed {
+    texts: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ChunkSeed {
+    type Value = ChunkInfo<'de>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_map(self)
     }
 }
 
-/// `parse_chunk` by serde_json alone: the fallback, and the reference the fast path is
-/// tested against (unit tests here, the `openai_parsers` fuzz target).
-#[doc(hidden)]
-pub fn parse_chunk_serde(data: &[u8], want_texts: bool) -> Option<ChunkInfo<'_>> {
-    let raw: RawChunk<'_> = serde_json::from_slice(data).ok()?;
-    let mut info = ChunkInfo { usage: raw.usage, error: raw.error.is_some(), ..Default::default() };
-    match raw.choices {
-        Some(choices) if choices.is_empty() => info.usage_only = info.usage.is_some(),
-        Some(choices) => {
-            for c in choices {
-                let idx = c.index.unwrap_or(0);
-                let mut has = false;
-                for m in [c.delta, c.message].into_iter().flatten() {
-                    has |= m.tool_calls.is_some();
-                    for t in [m.content, m.reasoning_content, m.reasoning].into_iter().flatten() {
-                        if !t.is_empty() {
-                            has = true;
-                            if want_texts {
-                                info.texts.push((idx, t));
-                            }
-                        }
-                    }
+impl<'de> serde::de::Visitor<'de> for ChunkSeed {
+    type Value = ChunkInfo<'de>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a chunk object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+        use serde::de::Error;
+        let mut info = ChunkInfo::default();
+        let (mut choices, mut usage, mut error) = (None, false, false);
+        while let Some(key) = map.next_key::<ChunkField>()? {
+            match key {
+                ChunkField::Choices if choices.is_some() => return Err(A::Error::duplicate_field("choices")),
+                ChunkField::Choices => {
+                    choices = Some(map.next_value_seed(ChoicesSeed { info: &mut info, texts: self.texts })?)
                 }
-                if let Some(t) = c.text
-                    && !t.is_empty()
-                {
-                    has = true;
-                    if want_texts {
-                        info.texts.push((idx, t));
-                    }
+                ChunkField::Usage if usage => return Err(A::Error::duplicate_field("usage")),
+                ChunkField::Usage => {
+                    usage = true;
+                    info.usage = map.next_value()?;
                 }
-                if has {
-                    info.content = true;
-                    info.content_choices += 1;
+                ChunkField::Error if error => return Err(A::Error::duplicate_field("error")),
+                ChunkField::Error => {
+                    error = true;
+                    info.error = map.next_value::<Option<serde::de::IgnoredAny>>()?.is_some();
                 }
-                if let Some(f) = c.finish_reason {
-                    info.finish_reasons.push((idx, f));
+                ChunkField::Other => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
                 }
             }
         }
-        None => {}
+        info.usage_only = choices == Some(Some(0)) && info.usage.is_some();
+        Ok(info)
     }
-    Some(info)
+}
+
+/// `choices`: null, or an array whose choices are folded into `info`; the value is how many.
+struct ChoicesSeed<'i, 'de> {
+    info: &'i mut ChunkInfo<'de>,
+    texts: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ChoicesSeed<'_, 'de> {
+    type Value = Option<usize>;
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_option(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ChoicesSeed<'_, 'de> {
+    type Value = Option<usize>;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("an array of choices or null")
+    }
+    fn visit_none<E>(self) -> Result<Self::Value, E> {
+        Ok(None)
+    }
+    fn visit_some<D: serde::Deserializer<'de>>(self, d: D) -> Result<Self::Value, D::Error> {
+        d.deserialize_seq(self)
+    }
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut n = 0;
+        while seq.next_element_seed(ChoiceSeed { info: &mut *self.info, texts: self.texts })?.is_some() {
+            n += 1;
+        }
+        Ok(Some(n))
+    }
+}
+
+struct ChoiceSeed<'i, 'de> {
+    info: &'i mut ChunkInfo<'de>,
+    texts: bool,
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for ChoiceSeed<'_, 'de> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<(), D::Error> {
+        d.deserialize_map(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for ChoiceSeed<'_, 'de> {
+    type Value = ();
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a choice object")
+    }
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        use serde::de::Error;
+        let (mut index, mut delta, mut message, mut text, mut finish) = (None, None, None, None, None);
+        fn once<T, E: Error>(slot: &mut Option<T>, v: T, name: &'static str) -> Result<(), E> {
+            if slot.is_some() {
+                return Err(E::duplicate_field(name));
+            }
+            *slot = Some(v);
+            Ok(())
+        }
+        while let Some(key) = map.next_key::<ChoiceField>()? {
+            match key {
+                ChoiceField::Index => once(&mut index, map.next_value::<Option<u32>>()?, "index")?,
+                ChoiceField::Delta => {
+                    once(&mut delta, map.next_value::<Option<RawMessage<'de>>>()?, "delta")?
+                }
+                ChoiceField::Message => {
+                    once(&mut message, map.next_value::<Option<RawMessage<'de>>>()?, "message")?
+                }
+                ChoiceField::Text => once(&mut text, map.next_value::<Option<Text<'de>>>()?, "text")?,
+                ChoiceField::FinishReason => {
+                    once(&mut finish, map.next_value::<Option<Text<'de>>>()?, "finish_reason")?
+                }
+                ChoiceField::Other => {
+                    map.next_value::<serde::de::IgnoredAny>()?;
+                }
+            }
+        }
+        let idx = index.flatten().unwrap_or(0);
+        let info = self.info;
+        let mut has = false;
+        for m in [delta.flatten(), message.flatten()].into_iter().flatten() {
+            has |= m.tool_calls.is_some();
+            for Text(t) in [m.content, m.reasoning_content, m.reasoning].into_iter().flatten() {
+                if !t.is_empty() {
+                    has = true;
+                    if self.texts {
+                        info.texts.push((idx, t));
+                    }
+                }
+            }
+        }
+        if let Some(Text(t)) = text.flatten()
+            && !t.is_empty()
+        {
+            has = true;
+            if self.texts {
+                info.texts.push((idx, t));
+            }
+        }
+        if has {
+            info.content = true;
+            info.content_choices += 1;
+        }
+        if let Some(Text(f)) = finish.flatten() {
+            info.finish_reasons.push((idx, f));
+        }
+        Ok(())
+    }
 }
 
 /// A non-streaming response body: it has the same shape as one big chunk.
@@ -121,7 +239,6 @@ pub fn finish_reason_label(r: &str) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::openai::skim;
 
     #[test]
     fn chat_delta_chunk() {
@@ -198,13 +315,6 @@ mod tests {
         assert_eq!(r.finish_reasons[0].1, "stop");
     }
 
-    #[test]
-    fn garbage_is_none() {
-        assert!(parse_chunk(b"[DONE]", true).is_none());
-        assert!(parse_chunk(b"", true).is_none());
-        assert!(parse_chunk(br#"{"choices":"x"}"#, true).is_none());
-    }
-
     /// What servers send: vLLM (chat, completions, usage, continuous usage, tool calls,
     /// reasoning), llama.cpp's server, n > 1, escapes, and a Python server's ensure_ascii
     /// output (an emoji as a surrogate pair).
@@ -226,29 +336,66 @@ mod tests {
         r#"{"choices":[{"index":0,"delta":{"content":"é—ü"}}],"x":[1,-2.5e-3,true,false,null,{"a":[]},0,-0,1E+2]}"#,
     ];
 
-    #[test]
-    fn the_fast_path_reads_what_servers_send_as_serde_does() {
-        for s in REAL {
-            for texts in [false, true] {
-                let fast = skim::chunk(s.as_bytes(), texts);
-                assert!(fast.is_ok(), "fast path gave up on {s}");
-                assert_eq!(fast.ok(), parse_chunk_serde(s.as_bytes(), texts), "{s}");
-            }
-        }
+    /// What each of `REAL` reads as: content choices, the texts, finish reasons, usage
+    /// (prompt, completion), usage-only, error.
+    fn summary(c: &ChunkInfo<'_>) -> String {
+        let texts: Vec<String> = c.texts.iter().map(|(i, t)| format!("{i}:{t}")).collect();
+        let finish: Vec<String> = c.finish_reasons.iter().map(|(i, f)| format!("{i}:{f}")).collect();
+        let usage = c.usage.map(|u| (u.prompt_tokens, u.completion_tokens));
+        format!("{} {texts:?} {finish:?} {usage:?} {} {}", c.content_choices, c.usage_only, c.error)
     }
 
     #[test]
-    fn the_fast_path_leaves_the_unusual_to_serde() {
+    fn reads_what_servers_send() {
+        let want = [
+            r#"0 [] [] None false false"#,
+            r#"1 ["0: token"] [] None false false"#,
+            r#"0 [] ["0:stop"] None false false"#,
+            r#"0 [] [] Some((Some(12), Some(28))) true false"#,
+            r#"1 ["0: a"] [] Some((Some(5), Some(2))) false false"#,
+            r#"1 ["0: Paris"] [] None false false"#,
+            r#"1 [] [] None false false"#,
+            r#"1 ["0:Let me think.\nFirst,"] [] None false false"#,
+            r#"1 ["0: the"] [] None false false"#,
+            r#"2 ["1:b", "0:a"] ["0:length"] None false false"#,
+            "1 [\"0:caf\u{e9} \u{1f600} \\\"q\\\" \\\\ / \\u{8}\\u{c}\\n\\r\\t\"] [] None false false",
+            r#"1 ["0:x"] [] Some((Some(0), Some(18446744073709551615))) false false"#,
+            r#"1 ["0:Hello! How can I help?"] ["0:stop"] Some((Some(9), Some(6))) false false"#,
+            r#"0 [] [] None false true"#,
+            r#"1 ["0:é—ü"] [] None false false"#,
+        ];
+        assert_eq!(REAL.len(), want.len());
+        for (s, want) in REAL.iter().zip(want) {
+            let c = parse_chunk(s.as_bytes(), true).unwrap_or_else(|| panic!("unread: {s}"));
+            assert_eq!(summary(&c), want, "{s}");
+            assert_eq!(c.content, c.content_choices > 0, "{s}");
+            let bare = parse_chunk(s.as_bytes(), false).unwrap();
+            assert!(bare.texts.is_empty(), "texts only when asked: {s}");
+            assert_eq!(ChunkInfo { texts: c.texts.clone(), ..bare }, c, "{s}");
+        }
+        // Borrowed where the text has no escape, so a chunk allocates nothing for it.
+        for s in [REAL[1], REAL[5], REAL[9], REAL[12]] {
+            let c = parse_chunk(s.as_bytes(), true).unwrap();
+            assert!(c.texts.iter().all(|(_, t)| matches!(t, Cow::Borrowed(_))), "{s}");
+            assert!(c.finish_reasons.iter().all(|(_, f)| matches!(f, Cow::Borrowed(_))), "{s}");
+        }
+        assert!(matches!(parse_chunk(REAL[10].as_bytes(), true).unwrap().texts[0].1, Cow::Owned(_)));
+    }
+
+    #[test]
+    fn what_is_not_a_well_formed_chunk_teaches_nothing() {
         for s in [
             r#"{"choices":[],"choices":[]}"#,
             r#"{"usage":{"prompt_tokens":1,"prompt_tokens":2}}"#,
-            r#"{"choi\u0063es":[]}"#,
+            r#"{"choices":[{"index":0,"index":1}]}"#,
+            r#"{"choices":[{"delta":{"content":"a","content":"b"}}]}"#,
             r#"{"choices":[{"delta":{"content":"\ud83d"}}]}"#,
             r#"{"choices":[{"delta":{"content":"\ude00"}}]}"#,
             r#"{"choices":[[0,null,"x"]]}"#,
             r#"{"choices":[{"index":1.0}]}"#,
             r#"{"choices":[{"index":4294967296}]}"#,
             r#"{"choices":[{"index":-1}]}"#,
+            r#"{"choices":"x"}"#,
             r#"{"usage":{"completion_tokens":18446744073709551616}}"#,
             r#"{"usage":{"completion_tokens":01}}"#,
             r#"{"choices":[]} x"#,
@@ -257,31 +404,24 @@ mod tests {
             r#"{"a":1.}"#,
             r#"{"a":"\x"}"#,
             "[1]",
+            "[DONE]",
             "",
         ] {
-            assert_eq!(skim::chunk(s.as_bytes(), true), Err(skim::Unsure), "{s}");
-            assert_eq!(parse_chunk(s.as_bytes(), true), parse_chunk_serde(s.as_bytes(), true), "{s}");
+            assert_eq!(parse_chunk(s.as_bytes(), true), None, "{s}");
         }
-        let deep = format!("{{\"a\":{}{}}}", "[".repeat(120), "]".repeat(120));
-        assert_eq!(skim::chunk(deep.as_bytes(), true), Err(skim::Unsure));
-        assert_eq!(skim::chunk(b"{\"a\":\"\xff\"}", true), Err(skim::Unsure));
-    }
-
-    /// Mutations of the real chunks: wherever the fast path answers, serde_json answers the same.
-    #[test]
-    fn the_fast_path_agrees_with_serde_under_mutation() {
-        crate::openai::mutated(REAL, |v, round| {
-            let texts = round % 2 == 0;
-            let fast = skim::chunk(v, texts);
-            if let Ok(fast) = &fast {
-                assert_eq!(
-                    Some(fast),
-                    parse_chunk_serde(v, texts).as_ref(),
-                    "{}",
-                    String::from_utf8_lossy(v)
-                );
-            }
-            fast.is_ok()
-        });
+        assert_eq!(parse_chunk(b"{\"a\":\"\xff\"}", true), None, "invalid UTF-8");
+        // What is skipped is skipped without recursion, however deep: no stack to exhaust.
+        let nests = [
+            ("{\"a\":", "}"),
+            ("{\"usage\":{\"x\":", "}}"),
+            ("{\"choices\":[{\"delta\":{\"tool_calls\":", "}}]}"),
+        ];
+        for (open, close) in nests {
+            let deep = format!("{open}{}{}{close}", "[".repeat(100_000), "]".repeat(100_000));
+            assert!(parse_chunk(deep.as_bytes(), true).is_some(), "{open}");
+        }
+        // An escaped key is the key it spells.
+        let c = parse_chunk(br#"{"choi\u0063es":[],"usage":{"completion_tokens":1}}"#, true).unwrap();
+        assert!(c.usage_only);
     }
 }

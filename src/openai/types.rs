@@ -1,5 +1,5 @@
-//! The data types of what goodput reads of the OpenAI API, shared by the readers
-//! (`request`, `response`) and the one-pass reader (`skim`) without those importing each other.
+//! The data types of what goodput reads of the OpenAI API, shared by the readers (`request`,
+//! `response`).
 
 use serde::Deserialize;
 use std::borrow::Cow;
