@@ -15,7 +15,11 @@ use std::time::{Duration, Instant};
 /// The stated error rate of SmolLM2 on these questions (README, "Hallucination rate"), as the
 /// reference config states it.
 const REFERENCE_RATE: f64 = 0.36;
-const CALIBRATION_CHECKS: usize = 12;
+/// The threshold is a quantile of these checks' scores, so their number sets how far the later
+/// rate may wander from REFERENCE_RATE. With 12, one full run (2026-12-05) got a threshold
+/// that sat low and a healthy rate of 10 in 15; with 20 the quantile's spread is a fifth
+/// smaller, and a rate that high several times less likely.
+const CALIBRATION_CHECKS: usize = 20;
 
 fn facts() -> Vec<(String, String, Vec<String>)> {
     std::fs::read_to_string("scripts/eval/facts.tsv")
@@ -181,13 +185,13 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
     assert_eq!(gb["consistency_rate"]["state"], "calibrated", "{}", gb["consistency_rate"]);
     let (hr, gr) = (rate(hb).expect("healthy has a rate"), rate(gb).expect("gibberish has a rate"));
     // The threshold's share of the reference is REFERENCE_RATE; later healthy answers land
-    // near it (a dozen checks set it, so not exactly), gibberish nearly all above.
+    // near it (twenty checks set it, so not exactly), gibberish nearly all above.
     assert!(hr < 0.65, "healthy rate {hr}");
     assert!(gr > 0.85 && gr - hr > 0.3, "gibberish rate {gr} against healthy {hr}");
     assert!(wrong(&g) > 0.8, "temperature 1.8 did not give gibberish: {:.2} wrong", wrong(&g));
     let (he, ge) = (eff(hb).expect("healthy effective TPS"), eff(gb).expect("gibberish effective TPS"));
     assert!(he > ge, "effective TPS: healthy {he}, gibberish {ge}");
-    // Both carry the interval of a calibration on a dozen checks: wide, and around the rate.
+    // Both carry the interval of a calibration on twenty checks: wide, and around the rate.
     for (b, r) in [(hb, hr), (gb, gr)] {
         let ci = &b["window"]["quality"]["hallucination_rate_interval"];
         let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
