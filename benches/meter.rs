@@ -3,8 +3,8 @@
 //! Feeds realistic vLLM chat chunks (one event per frame, ~240 bytes) through `ResponseMeter`
 //! as the proxy does for every frame it forwards, and reports the median time per chunk over
 //! repeated runs, next to the bare SSE reader and a plain `Bytes` clone (the floor). The chunk
-//! reading is also timed alone, and on a whole non-streaming response of about 2 KB. Last, the recorder's work on a full 60 s
-//! window: a second's records and its four snapshots.
+//! reading is also timed alone, and on a whole non-streaming response of about 2 KB. Last, the
+//! recorder's work on a full 60 s window: a second's records and its four snapshots.
 
 use bytes::Bytes;
 use goodput::meter::RequestRecord;

@@ -1,6 +1,7 @@
 //! Reading what the upstream answered: stream chunks and whole responses.
 
 use serde::Deserialize;
+use serde::de::IgnoredAny;
 use std::borrow::Cow;
 
 pub use super::types::{ChunkInfo, Usage};
@@ -20,7 +21,7 @@ struct RawMessage<'a> {
     #[serde(default, borrow)]
     reasoning: Option<Text<'a>>,
     #[serde(default)]
-    tool_calls: Option<serde::de::IgnoredAny>,
+    tool_calls: Option<IgnoredAny>,
 }
 
 /// Parse one chunk. `None` means the payload was not a JSON object (the stream is still
@@ -40,6 +41,19 @@ pub fn parse_chunk(data: &[u8], texts: bool) -> Option<ChunkInfo<'_>> {
     Some(info)
 }
 
+/// Reads a known member into its slot; a second one is an error, as in serde's derived structs.
+fn once<T, E: serde::de::Error>(
+    slot: &mut Option<T>,
+    name: &'static str,
+    read: impl FnOnce() -> Result<T, E>,
+) -> Result<(), E> {
+    if slot.is_some() {
+        return Err(E::duplicate_field(name));
+    }
+    *slot = Some(read()?);
+    Ok(())
+}
+
 #[derive(Deserialize)]
 #[serde(field_identifier, rename_all = "snake_case")]
 enum ChunkField {
@@ -54,8 +68,11 @@ enum ChunkField {
 #[serde(field_identifier, rename_all = "snake_case")]
 enum ChoiceField {
     Index,
+    /// Streamed chat.
     Delta,
+    /// Non-streaming chat.
     Message,
+    /// Completions, streamed or not.
     Text,
     FinishReason,
     #[serde(other)]
@@ -79,30 +96,23 @@ impl<'de> serde::de::Visitor<'de> for ChunkSeed {
         f.write_str("a chunk object")
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-        use serde::de::Error;
         let mut info = ChunkInfo::default();
-        let (mut choices, mut usage, mut error) = (None, false, false);
+        let (mut choices, mut usage, mut error) = (None, None, None);
+        let texts = self.texts;
         while let Some(key) = map.next_key::<ChunkField>()? {
             match key {
-                ChunkField::Choices if choices.is_some() => return Err(A::Error::duplicate_field("choices")),
-                ChunkField::Choices => {
-                    choices = Some(map.next_value_seed(ChoicesSeed { info: &mut info, texts: self.texts })?)
-                }
-                ChunkField::Usage if usage => return Err(A::Error::duplicate_field("usage")),
-                ChunkField::Usage => {
-                    usage = true;
-                    info.usage = map.next_value()?;
-                }
-                ChunkField::Error if error => return Err(A::Error::duplicate_field("error")),
-                ChunkField::Error => {
-                    error = true;
-                    info.error = map.next_value::<Option<serde::de::IgnoredAny>>()?.is_some();
-                }
+                ChunkField::Choices => once(&mut choices, "choices", || {
+                    map.next_value_seed(ChoicesSeed { info: &mut info, texts })
+                })?,
+                ChunkField::Usage => once(&mut usage, "usage", || map.next_value::<Option<Usage>>())?,
+                ChunkField::Error => once(&mut error, "error", || map.next_value::<Option<IgnoredAny>>())?,
                 ChunkField::Other => {
-                    map.next_value::<serde::de::IgnoredAny>()?;
+                    map.next_value::<IgnoredAny>()?;
                 }
             }
         }
+        info.usage = usage.flatten();
+        info.error = error.flatten().is_some();
         info.usage_only = choices == Some(Some(0)) && info.usage.is_some();
         Ok(info)
     }
@@ -159,30 +169,22 @@ impl<'de> serde::de::Visitor<'de> for ChoiceSeed<'_, 'de> {
         f.write_str("a choice object")
     }
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
-        use serde::de::Error;
         let (mut index, mut delta, mut message, mut text, mut finish) = (None, None, None, None, None);
-        fn once<T, E: Error>(slot: &mut Option<T>, v: T, name: &'static str) -> Result<(), E> {
-            if slot.is_some() {
-                return Err(E::duplicate_field(name));
-            }
-            *slot = Some(v);
-            Ok(())
-        }
         while let Some(key) = map.next_key::<ChoiceField>()? {
             match key {
-                ChoiceField::Index => once(&mut index, map.next_value::<Option<u32>>()?, "index")?,
+                ChoiceField::Index => once(&mut index, "index", || map.next_value::<Option<u32>>())?,
                 ChoiceField::Delta => {
-                    once(&mut delta, map.next_value::<Option<RawMessage<'de>>>()?, "delta")?
+                    once(&mut delta, "delta", || map.next_value::<Option<RawMessage<'de>>>())?
                 }
                 ChoiceField::Message => {
-                    once(&mut message, map.next_value::<Option<RawMessage<'de>>>()?, "message")?
+                    once(&mut message, "message", || map.next_value::<Option<RawMessage<'de>>>())?
                 }
-                ChoiceField::Text => once(&mut text, map.next_value::<Option<Text<'de>>>()?, "text")?,
+                ChoiceField::Text => once(&mut text, "text", || map.next_value::<Option<Text<'de>>>())?,
                 ChoiceField::FinishReason => {
-                    once(&mut finish, map.next_value::<Option<Text<'de>>>()?, "finish_reason")?
+                    once(&mut finish, "finish_reason", || map.next_value::<Option<Text<'de>>>())?
                 }
                 ChoiceField::Other => {
-                    map.next_value::<serde::de::IgnoredAny>()?;
+                    map.next_value::<IgnoredAny>()?;
                 }
             }
         }
