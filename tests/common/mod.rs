@@ -424,6 +424,89 @@ pub async fn spawn_canned(routes: Vec<(&'static str, Canned)>) -> (SocketAddr, S
     (addr, seen)
 }
 
+/// An HTTP relay in front of a real server that keeps, for each request to `path`, the
+/// response body's data frames as it handed them on: what the server really sent the client
+/// (goodput), to hold goodput's own counts against. Each request gets a connection of its own
+/// upstream, closed when the client drops the response, so a hang-up reaches the server as it
+/// would without the relay.
+pub struct Tap {
+    pub addr: SocketAddr,
+    bodies: Arc<Mutex<Vec<Vec<Bytes>>>>,
+}
+
+impl Tap {
+    pub async fn spawn(upstream: SocketAddr, path: &'static str) -> Tap {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let bodies: Arc<Mutex<Vec<Vec<Bytes>>>> = Arc::default();
+        let kept = bodies.clone();
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                let kept = kept.clone();
+                let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let kept = kept.clone();
+                    async move {
+                        let up = tokio::net::TcpStream::connect(upstream).await.unwrap();
+                        let (mut sender, conn) =
+                            hyper::client::conn::http1::handshake(TokioIo::new(up)).await?;
+                        let conn = AbortOnDrop(tokio::spawn(conn));
+                        let slot = (req.uri().path() == path).then(|| {
+                            let mut b = kept.lock().unwrap();
+                            b.push(Vec::new());
+                            b.len() - 1
+                        });
+                        let resp = sender.send_request(req).await?;
+                        Ok::<_, hyper::Error>(resp.map(|inner| Tapped { inner, kept, slot, _conn: conn }))
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(stream), svc),
+                );
+            }
+        });
+        Tap { addr, bodies }
+    }
+
+    /// The bodies of the requests to `path` so far, in the order they came.
+    pub fn bodies(&self) -> Vec<Vec<Bytes>> {
+        self.bodies.lock().unwrap().clone()
+    }
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<Result<(), hyper::Error>>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// A response body that keeps each data frame as it passes.
+struct Tapped {
+    inner: Incoming,
+    kept: Arc<Mutex<Vec<Vec<Bytes>>>>,
+    slot: Option<usize>,
+    _conn: AbortOnDrop,
+}
+
+impl hyper::body::Body for Tapped {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_frame(cx);
+        if let (std::task::Poll::Ready(Some(Ok(f))), Some(i)) = (&polled, self.slot)
+            && let Some(d) = f.data_ref()
+        {
+            self.kept.lock().unwrap()[i].push(d.clone());
+        }
+        polled
+    }
+}
+
 pub fn canned_json(body: &str) -> Canned {
     Canned {
         status: 200,

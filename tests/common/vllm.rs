@@ -101,6 +101,14 @@ impl Vllm {
         serde_json::from_slice(&out.stdout).unwrap()
     }
 
+    /// How many tokens vLLM's own tokenizer makes of `text` (its /tokenize, no special tokens).
+    pub async fn tokens(&self, text: &str) -> u64 {
+        let body = serde_json::json!({"model": "smollm2", "prompt": text, "add_special_tokens": false});
+        let r = send(self.addr, super::post_json("/tokenize", &body.to_string())).await;
+        assert_eq!(r.status, 200, "vLLM's /tokenize: {}", r.text());
+        r.json()["count"].as_u64().expect("/tokenize answers a count")
+    }
+
     /// vLLM's samples as (name, labels, value), parsed by the library goodput reads them with.
     /// Only vLLM's own families go to the parser (the page also holds the Python process's).
     async fn samples(&self) -> Vec<(String, Vec<(String, String)>, f64)> {

@@ -11,8 +11,8 @@ Usage: vllm_client.py MODE VLLM_URL PROXY_URL
   MODE timing:   streamed requests one at a time, through goodput and directly in turn; the
        client's TTFT and e2e, and the change in vLLM's TTFT and e2e histograms (one request
        each, so exact).
-  MODE hangup:   a long stream closed after a few chunks; how long vLLM kept the request, the
-       tokens it generated and its inter-token latency.
+  MODE hangup:   a long stream closed after a few chunks; how long vLLM kept the request and
+       the tokens it generated.
 """
 import json, sys, time
 
@@ -163,8 +163,7 @@ elif mode == "timing":
         })
     out["runs"] = runs
 elif mode == "hangup":
-    itl = ["vllm:inter_token_latency_seconds_sum", "vllm:inter_token_latency_seconds_count"]
-    keys = ["vllm:generation_tokens_total"] + itl
+    keys = ["vllm:generation_tokens_total"]
     before = settled({}, keys)
     s = proxy.chat.completions.create(
         messages=[{"role": "user", "content": "Write a very long story about a dragon and a lighthouse."}],
@@ -184,10 +183,6 @@ elif mode == "hangup":
             break
         time.sleep(0.02)
     after = settled(before, keys)
-    # vLLM's own mean inter-token latency for the request: the engine's pace, which the
-    # chunks' pace understates when a starved API server sends several tokens in one chunk.
-    n_itl = delta(before, after, itl[1])
     out = {"chunks_read": got, "freed_s": freed,
-           "generation_tokens": delta(before, after, "vllm:generation_tokens_total"),
-           "vllm_itl_s": delta(before, after, itl[0]) / n_itl if n_itl else None}
+           "generation_tokens": delta(before, after, "vllm:generation_tokens_total")}
 print(json.dumps(out))
