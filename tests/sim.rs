@@ -28,12 +28,7 @@ fn sim_proc(args: &[&str]) -> SimProc {
 }
 
 fn texts(sse: &str) -> String {
-    sse.lines()
-        .filter_map(|l| l.strip_prefix("data: "))
-        .filter(|d| *d != "[DONE]")
-        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
-        .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
-        .collect()
+    sse_contents(sse).concat()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

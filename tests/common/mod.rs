@@ -507,6 +507,22 @@ impl hyper::body::Body for Tapped {
     }
 }
 
+/// The content of each whole event of a chat completion stream that carries any, in order. A
+/// last event cut short (a stream read up to a hang-up) is left out.
+pub fn sse_contents(sse: &str) -> Vec<String> {
+    let sse = sse.replace("\r\n", "\n");
+    let whole = &sse[..sse.rfind("\n\n").map_or(0, |i| i + 2)];
+    whole
+        .split("\n\n")
+        .filter_map(|event| event.strip_prefix("data: "))
+        .filter(|data| *data != "[DONE]")
+        .filter_map(|data| {
+            let v: serde_json::Value = serde_json::from_str(data).expect("each event is one JSON chunk");
+            v["choices"][0]["delta"]["content"].as_str().filter(|c| !c.is_empty()).map(str::to_string)
+        })
+        .collect()
+}
+
 pub fn canned_json(body: &str) -> Canned {
     Canned {
         status: 200,
