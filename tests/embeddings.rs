@@ -76,7 +76,7 @@ async fn embedding_method_scores_checks_behind_the_proxy() {
         "messages": [{"role": "user", "content": "Tell me about the tower."}]})
     .to_string();
     assert_eq!(send(gp.proxy, post_json("/v1/chat/completions", &body)).await.status, 200);
-    let recs = gp.records_when(1, "checked", |r| !r[0]["hallucination_score"].is_null()).await;
+    let recs = gp.scored_when(1, "checked", |r| !r[0]["hallucination_score"].is_null()).await;
     let rec = &recs[0];
     // The simulator's word salad at temperature 1 shares little with its other samples.
     let s = rec["hallucination_score"].as_f64().unwrap();

@@ -159,7 +159,7 @@ fn cuda_that_cannot_be_used_fails_clearly_or_falls_back_when_allowed() {
         &[("RUST_LOG", "info")],
     );
     // The scorer loads in the background while the proxy already serves.
-    let deadline = Instant::now() + Duration::from_secs(30);
+    let deadline = Instant::now() + SCORER_PATIENCE;
     let log = loop {
         let log = gp.log();
         if log.contains("perplexity scorer ready") || Instant::now() > deadline {
@@ -191,17 +191,9 @@ fn chat(content: &str) -> String {
 
 /// Wait until `n` responses are scored; return the records that carry a perplexity.
 async fn scored(gp: &Goodput, n: usize) -> Vec<Value> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let recs = gp.admin_json("/admin/records?limit=1000").await;
-        let s: Vec<Value> =
-            recs.as_array().unwrap().iter().filter(|r| !r["perplexity"].is_null()).cloned().collect();
-        if s.len() >= n {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "only {} of {n} responses scored", s.len());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let has = |r: &Value| !r["perplexity"].is_null();
+    let recs = gp.scored_when(n, "with a perplexity", |a| a.iter().filter(|r| has(r)).count() >= n).await;
+    recs.into_iter().filter(has).collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -284,7 +276,7 @@ async fn word_salad_scores_high_and_a_full_queue_drops_without_touching_traffic(
         assert_eq!(r.status, 200);
         assert!(!r.body.is_empty());
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + SCORER_PATIENCE;
     let (scored_n, dropped) = loop {
         let text = gp.metrics().await;
         let s = metric(&text, "goodput_scored_responses_total", &[("backend", "sim")]);
@@ -385,7 +377,7 @@ fn batched_scoring_equals_one_response_at_a_time() {
             }));
         }
         let mut out: Vec<(u64, f64, f64)> = (0..replies.len())
-            .map(|_| match rx.recv_timeout(Duration::from_secs(60)).expect("scored") {
+            .map(|_| match rx.recv_timeout(SCORER_PATIENCE).expect("scored") {
                 QualityEvent::Perplexity(r) => (r.of.id, r.perplexity, r.bits_per_byte),
                 QualityEvent::Consistency(_) => unreachable!(),
             })
@@ -444,9 +436,9 @@ fn scoring_rests_within_its_cpu_budget_and_counts_what_it_drops() {
     let cpu = || metric(&metrics.encode(), "goodput_scoring_cpu_seconds_total", &[("scorer", "perplexity")]);
     let offered = Instant::now();
     assert!(scorer.offer(job(1)), "a scorer within its budget takes work");
-    assert!(matches!(rx.recv_timeout(Duration::from_secs(60)), Ok(QualityEvent::Perplexity(_))));
+    assert!(matches!(rx.recv_timeout(SCORER_PATIENCE), Ok(QualityEvent::Perplexity(_))));
     // The CPU it used is counted, and buys a rest of cpu / cores from when the work began.
-    let deadline = Instant::now() + Duration::from_secs(10);
+    let deadline = Instant::now() + SCORER_PATIENCE;
     while cpu() == 0.0 || budget.available() {
         assert!(Instant::now() < deadline, "no CPU time counted, or no rest owed");
         std::thread::sleep(Duration::from_millis(5));
@@ -467,5 +459,5 @@ fn scoring_rests_within_its_cpu_budget_and_counts_what_it_drops() {
     assert!(rested >= used / cores * 0.99, "rested {rested:.3} s after {used:.4} s of CPU at {cores} cores");
     // After the rest, work is taken again.
     assert!(scorer.offer(job(3)));
-    assert!(matches!(rx.recv_timeout(Duration::from_secs(60)), Ok(QualityEvent::Perplexity(_))));
+    assert!(matches!(rx.recv_timeout(SCORER_PATIENCE), Ok(QualityEvent::Perplexity(_))));
 }

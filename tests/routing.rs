@@ -487,7 +487,7 @@ quality:
         // Each response scored before the next request, as sparse production sampling would
         // give the scorer time to catch up on any machine.
         let n = served.len();
-        gp.records_when(n, "every response scored", |a| a.iter().all(|r| !r["perplexity"].is_null())).await;
+        gp.scored_when(n, "every response scored", |a| a.iter().all(|r| !r["perplexity"].is_null())).await;
     }
     assert_eq!(served[0], "sloppy", "cheapest while its quality is unmeasured: {served:?}");
     assert!(served[served.len() - 5..].iter().all(|b| b == "good"), "{served:?}");

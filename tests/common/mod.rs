@@ -18,6 +18,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 
+/// How long a test waits on the quality scorers. They run at SCHED_IDLE by design, so while
+/// the suite's other tests keep both cores busy they progress only in the gaps: a check whose
+/// embeddings take 0.5 s idle took 4 s beside three nice-10 loops and over 28 s beside two at
+/// nice 0. This bounds a hang, not a speed.
+pub const SCORER_PATIENCE: Duration = Duration::from_secs(180);
+
 /// A running `goodput serve` process, killed on drop.
 pub struct Goodput {
     pub child: Child,
@@ -161,14 +167,56 @@ impl Goodput {
         what: &str,
         ready: impl Fn(&[serde_json::Value]) -> bool,
     ) -> Vec<serde_json::Value> {
-        let deadline = Instant::now() + Duration::from_secs(20);
+        self.poll_records(n, &ready, Duration::from_secs(20))
+            .await
+            .unwrap_or_else(|a| panic!("expected {n} records {what}, have {a:?}"))
+    }
+
+    /// `records_when`, for a condition the idle-priority scorers must bring about: it waits
+    /// up to `SCORER_PATIENCE`, and on timeout says what the scorers did (their metrics), not
+    /// every record.
+    pub async fn scored_when(
+        &self,
+        n: usize,
+        what: &str,
+        ready: impl Fn(&[serde_json::Value]) -> bool,
+    ) -> Vec<serde_json::Value> {
+        let a = match self.poll_records(n, &ready, SCORER_PATIENCE).await {
+            Ok(a) => return a,
+            Err(a) => a,
+        };
+        let m = self.metrics().await;
+        let scorers: Vec<&str> = m
+            .lines()
+            .filter(|l| {
+                let ours = ["goodput_scor", "goodput_shadow_skipped", "goodput_consistency"];
+                !l.starts_with('#') && !l.contains("_bucket") && ours.iter().any(|p| l.starts_with(p))
+            })
+            .collect();
+        panic!(
+            "no {n} records {what} after {SCORER_PATIENCE:?} ({} records); the scorers' metrics:\n{}",
+            a.len(),
+            scorers.join("\n")
+        )
+    }
+
+    /// The records once `ready` holds for at least `n` of them, or the last seen at `patience`.
+    async fn poll_records(
+        &self,
+        n: usize,
+        ready: &impl Fn(&[serde_json::Value]) -> bool,
+        patience: Duration,
+    ) -> Result<Vec<serde_json::Value>, Vec<serde_json::Value>> {
+        let deadline = Instant::now() + patience;
         loop {
             let v = self.admin_json("/admin/records?limit=10000").await;
             let a = v.as_array().unwrap().clone();
             if a.len() >= n && ready(&a) {
-                return a;
+                return Ok(a);
             }
-            assert!(Instant::now() < deadline, "expected {n} records {what}, have {a:?}");
+            if Instant::now() >= deadline {
+                return Err(a);
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
