@@ -11,7 +11,7 @@
 
 use crate::common::vllm::*;
 use crate::common::*;
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 fn pool_yaml(a: &Vllm, b: &Vllm, pool: &str) -> String {
@@ -123,14 +123,15 @@ async fn a_queue_goodput_does_not_see_moves_its_picks_to_the_other_replica() {
 
 /// One mode of the prefix experiment: `rounds` of the same six long system prompts (fresh ones
 /// per mode), each with a new question, from two clients at once. Returns vLLM's prefix-cache
-/// hit ratio over the pool, goodput's TTFTs, and which endpoints each prompt went to.
+/// hit ratio over the pool, goodput's TTFTs, and how many of each prompt's requests went to
+/// each endpoint.
 async fn shared_prefixes(
     gp: &Goodput,
     a: &Vllm,
     b: &Vllm,
     tag: &str,
     rounds: usize,
-) -> (f64, Vec<f64>, Vec<BTreeSet<String>>, HashMap<String, usize>) {
+) -> (f64, Vec<f64>, Vec<BTreeMap<String, usize>>, HashMap<String, usize>) {
     let systems: Vec<String> = (0..6)
         .map(|k| {
             (0..40)
@@ -169,10 +170,10 @@ async fn shared_prefixes(
         }
     };
     let (w0, w1) = tokio::join!(worker(0), worker(n_prompts / 2));
-    let mut went: Vec<BTreeSet<String>> = vec![BTreeSet::new(); systems.len()];
+    let mut went: Vec<BTreeMap<String, usize>> = vec![BTreeMap::new(); systems.len()];
     let mut reasons = HashMap::new();
     for (k, e, why) in w0.into_iter().chain(w1) {
-        went[k].insert(e);
+        *went[k].entry(e).or_insert(0) += 1;
         *reasons.entry(why).or_insert(0) += 1;
     }
     let (za, zb) = (a.metrics().await, b.metrics().await);
@@ -223,15 +224,20 @@ async fn prefix_affinity_raises_vllms_own_prefix_hits_over_round_robin() {
          replicas per prompt: picker {:?}, round robin {:?}; reasons {why_p:?}",
         med(&ttft_p) * 1000.0,
         med(&ttft_r) * 1000.0,
-        went_p.iter().map(BTreeSet::len).collect::<Vec<_>>(),
-        went_r.iter().map(BTreeSet::len).collect::<Vec<_>>(),
+        went_p.iter().map(BTreeMap::len).collect::<Vec<_>>(),
+        went_r.iter().map(BTreeMap::len).collect::<Vec<_>>(),
     );
-    assert!(went_p.iter().all(|w| w.len() == 1), "each prompt stays on one replica: {went_p:?}");
-    let spread: BTreeSet<&String> = went_p.iter().flatten().collect();
-    assert_eq!(spread.len(), 2, "the prompts are spread over both replicas");
-    // Every request after each of the six prompts' first is a prefix hit (two clients), but for
-    // a few near-ties and requests sent while the prompt's replica was much busier (max_load_gap).
+    // Each prompt has a home, the replica most of its requests went to. Every request after
+    // each of the six prompts' first is a prefix hit there (two clients), but for a few the
+    // policy sends elsewhere or decides otherwise: near ties, a home short of KV cache
+    // (kv_headroom) or much busier (max_load_gap). CI saw one kv_headroom spill in 48.
     let (requests, prompts) = (2 * 6 * rounds, 6);
+    let home = |w: &BTreeMap<String, usize>| w.iter().max_by_key(|(_, n)| **n).map(|(e, _)| e.clone());
+    let strays: usize =
+        went_p.iter().map(|w| w.values().sum::<usize>() - w.values().max().unwrap_or(&0)).sum();
+    assert!(strays <= 4, "each prompt stays on its replica but for a few: {went_p:?}, reasons {why_p:?}");
+    let homes: BTreeSet<String> = went_p.iter().filter_map(home).collect();
+    assert_eq!(homes.len(), 2, "the prompts are spread over both replicas: {went_p:?}");
     assert!(why_p.get("prefix_hit").copied().unwrap_or(0) >= requests - prompts - 4, "{why_p:?}");
     assert!(hit_p > hit_r + 0.15, "vLLM's prefix hits: picker {hit_p:.3}, round robin {hit_r:.3}");
     assert!(
