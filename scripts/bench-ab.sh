@@ -15,11 +15,12 @@
 #   scripts/bench-ab.sh REV_A [REV_B=working tree] [RATES="500 1000"] [DURATION=10s] [REPS=3]
 #                       [CHUNK_ROUNDS=3; 0 skips] [GP_WORKERS=1] [LOADGEN=k6|bench]
 #                       [PACED_RATES="100 400"] [PACED_DURATION=10s] [ZERO_DELAY=1; 0 skips]
+#                       [PROFILE=production]
 #
 # LOADGEN=bench drives the load with `goodput bench` (the working tree's), as bench-peers.sh can.
 #
 # REV_A is built in a git worktree under target/ab (its own target directory: the first run
-# compiles every dependency once). Results: target/bench/ab-runs.jsonl and a table on stdout.
+# compiles every dependency once), in the same cargo profile as B. Results: target/bench/ab-runs.jsonl and a table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REV_A="${1:?usage: scripts/bench-ab.sh REV_A [REV_B]}"
@@ -37,8 +38,15 @@ mkdir -p "$OUT"
 source scripts/bench/lib.sh
 
 K6="$(scripts/setup-bench.sh | tail -1)"
+# Both builds in the profile that ships (the image's: Cargo.toml's `production`, fat LTO), since
+# LTO inlines across crates, and the two builds differ in how much of the path is another crate's.
+# PROFILE=release measures the test build. The simulator and the load generator are the working
+# tree's release build either way.
+export PROFILE="${PROFILE:-production}"
 A_BIN="$(build_rev "$REV_A" | tail -1)"
-if [ -n "$REV_B" ]; then B_BIN="$(build_rev "$REV_B" | tail -1)"; else cargo build --release --quiet; B_BIN=target/release/goodput; fi
+if [ -n "$REV_B" ]; then B_BIN="$(build_rev "$REV_B" | tail -1)"
+else cargo build --profile "$PROFILE" --quiet --bin goodput; B_BIN="target/$PROFILE/goodput"; fi
+cargo build --release --quiet
 BIN=target/release/goodput
 LOADGEN_BIN="$BIN"
 

@@ -8,13 +8,13 @@ trap cleanup EXIT
 proc_tree() { local p="$1"; echo "$p"; for c in $(pgrep -P "$p" || true); do proc_tree "$c"; done; }
 cpu_ticks() { local t=0; for p in $(proc_tree "$1"); do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
 
-build_rev() { # REV -> path of its release binary, built in a git worktree under target/ab
-  local rev="$1" dir="target/ab/src-$1"
+build_rev() { # REV -> path of its binary (cargo profile $PROFILE, default release), built in a git worktree under target/ab
+  local rev="$1" dir="target/ab/src-$1" profile="${PROFILE:-release}"
   mkdir -p target/ab
   if [ ! -d "$dir" ]; then git worktree add --detach "$dir" "$rev" >&2; fi
-  (cd "$dir" && cargo build --release --quiet --bin goodput --target-dir ../target >&2)
-  echo "target/ab/target/release/goodput-$rev"
-  cp -f target/ab/target/release/goodput "target/ab/target/release/goodput-$rev"
+  (cd "$dir" && cargo build --profile "$profile" --quiet --bin goodput --target-dir ../target >&2)
+  cp -f "target/ab/target/$profile/goodput" "target/ab/target/$profile/goodput-$rev"
+  echo "target/ab/target/$profile/goodput-$rev"
 }
 
 # Per-chunk forwarding latency on the wire (scripts/bench/chunk_latency.py is the upstream and
