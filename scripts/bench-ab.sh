@@ -20,7 +20,9 @@
 # LOADGEN=bench drives the load with `goodput bench` (the working tree's), as bench-peers.sh can.
 #
 # REV_A is built in a git worktree under target/ab (its own target directory: the first run
-# compiles every dependency once), in the same cargo profile as B. Results: target/bench/ab-runs.jsonl and a table on stdout.
+# compiles every dependency once), in the same cargo profile as B; a revision older than the
+# `production` profile (ec628d9) needs PROFILE=release. Results: target/bench/ab-runs.jsonl and
+# a table on stdout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REV_A="${1:?usage: scripts/bench-ab.sh REV_A [REV_B]}"

@@ -8,7 +8,9 @@ trap cleanup EXIT
 proc_tree() { local p="$1"; echo "$p"; for c in $(pgrep -P "$p" || true); do proc_tree "$c"; done; }
 cpu_ticks() { local t=0; for p in $(proc_tree "$1"); do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
 
-build_rev() { # REV -> path of its binary (cargo profile $PROFILE, default release), built in a git worktree under target/ab
+# REV -> path of its binary (cargo profile $PROFILE, default release), built in a git worktree
+# under target/ab.
+build_rev() {
   local rev="$1" dir="target/ab/src-$1" profile="${PROFILE:-release}"
   mkdir -p target/ab
   if [ ! -d "$dir" ]; then git worktree add --detach "$dir" "$rev" >&2; fi
