@@ -307,71 +307,62 @@ pub fn choose(class: &Class, cands: &[Candidate], p: &Policy, d: Draw) -> Decisi
 /// Candidate indices; routes rarely have more than a few backends.
 pub type Indices = SmallVec<[usize; 8]>;
 
+/// A decision's explanation, written only when it will be read: the request path leaves it
+/// empty and the decision log explains the same decision later.
+pub(super) struct Notes(Option<String>);
+
+impl Notes {
+    pub(super) fn new(explain: bool) -> Notes {
+        Notes(explain.then(String::new))
+    }
+
+    pub(super) fn add(&mut self, note: impl FnOnce(&mut String) -> std::fmt::Result) {
+        if let Some(s) = &mut self.0 {
+            let _ = note(s);
+        }
+    }
+
+    /// The explanation: `head`, then every note so far.
+    pub(super) fn say(&self, head: impl FnOnce() -> String) -> String {
+        self.0.as_ref().map_or_else(String::new, |notes| head() + notes)
+    }
+}
+
 fn decide_with(class: &Class, cands: &[Candidate], p: &Policy, d: Draw, explain: bool) -> Decision {
-    let mut why = String::new();
-    // Saturation is soft: a busy server still serves, so a saturated backend is out only while
-    // another usable one is not (as within a pool, `route::pool`).
-    let open = |c: &Candidate| c.healthy && c.max_concurrency.is_none_or(|m| c.outstanding < m);
-    let any_unsaturated = cands.iter().any(|c| open(c) && !c.saturated);
-    let usable: Indices = (0..cands.len())
-        .filter(|&i| {
-            let c = &cands[i];
-            let ok = open(c) && (!c.saturated || !any_unsaturated);
-            if explain && (!ok || c.saturated) {
-                let _ = write!(
-                    why,
-                    "; {} {}",
-                    c.name,
-                    if !c.healthy {
-                        "unhealthy"
-                    } else if !open(c) {
-                        "at its concurrency limit"
-                    } else if ok {
-                        "saturated (every endpoint's queue or KV cache past its threshold), kept: no usable backend is not"
-                    } else {
-                        "saturated (every endpoint's queue or KV cache past its threshold)"
-                    }
-                );
-            }
-            ok
-        })
-        .collect();
+    let mut why = Notes::new(explain);
+    // 1. Health.
+    let usable = usable(cands, &mut why);
     if usable.is_empty() {
         return Decision {
             backend: None,
             reason: Reason::NoHealthyBackend,
             compliant: Indices::new(),
-            explanation: if explain { format!("no healthy backend{why}") } else { String::new() },
+            explanation: why.say(|| "no healthy backend".into()),
         };
     }
+    // 3, before 2: an exploring decision still says which backends comply.
     let compliant: Indices = usable
         .iter()
         .copied()
         .filter(|&i| {
-            if !explain {
-                return violated(class, &cands[i], p) == 0;
+            let ok = violated(class, &cands[i], p) == 0;
+            if !ok {
+                why.add(|w| {
+                    write!(w, "; {} misses {}", cands[i].name, violations(class, &cands[i], p).join(", "))
+                });
             }
-            let v = violations(class, &cands[i], p);
-            if !v.is_empty() {
-                let _ = write!(why, "; {} misses {}", cands[i].name, v.join(", "));
-            }
-            v.is_empty()
+            ok
         })
         .collect();
-    let explanation = |f: &dyn Fn() -> String| if explain { f() } else { String::new() };
+    // 2. Exploration.
     if d.explore < p.exploration {
         let i = usable[d.a % usable.len()];
-        return Decision {
-            backend: Some(i),
-            reason: Reason::Explore,
-            explanation: explanation(&|| {
-                format!("explore: {} (share {:.0}%){why}", cands[i].name, p.exploration * 100.0)
-            }),
-            compliant,
-        };
+        let share = p.exploration * 100.0;
+        let explanation = why.say(|| format!("explore: {} (share {share:.0}%)", cands[i].name));
+        return Decision { backend: Some(i), reason: Reason::Explore, explanation, compliant };
     }
+    // 5. Best effort: the fewest violated bounds, then the objective.
     if compliant.is_empty() {
-        // Best effort: the fewest violated bounds, then the objective.
         let i = *usable
             .iter()
             .min_by(|&&x, &&y| {
@@ -380,77 +371,99 @@ fn decide_with(class: &Class, cands: &[Candidate], p: &Policy, d: Draw, explain:
                     .then(cost(class.objective, &cands[x]).total_cmp(&cost(class.objective, &cands[y])))
             })
             .expect("usable is not empty");
-        return Decision {
-            backend: Some(i),
-            reason: Reason::SlaUnmet,
-            explanation: explanation(&|| format!("sla_unmet: best effort {}{why}", cands[i].name)),
-            compliant,
-        };
+        let explanation = why.say(|| format!("sla_unmet: best effort {}", cands[i].name));
+        return Decision { backend: Some(i), reason: Reason::SlaUnmet, explanation, compliant };
     }
-    // Compliant backends whose few samples already miss a bound are held back while another
-    // compliant one is not (a cold start, where every backend is new, still learns).
-    let held: Indices = compliant.iter().copied().filter(|&i| held_back(class, &cands[i], p)).collect();
-    let pool: Indices = if held.len() < compliant.len() {
-        compliant.iter().copied().filter(|i| !held.contains(i)).collect()
-    } else {
-        compliant.clone()
-    };
-    if explain && held.len() < compliant.len() {
-        for &i in &held {
-            let c = &cands[i];
-            let _ = if c.awaiting_sample {
-                write!(why, "; {} held back: its first sample is on its way", c.name)
-            } else {
-                write!(
-                    why,
-                    "; {} held back: its {} of {} samples miss {}",
-                    c.name,
-                    c.stats.samples,
-                    p.min_samples,
-                    provisional_misses(class, c, p).join(", ")
-                )
-            };
-        }
-    }
-    let best = pool.iter().map(|&i| cost(class.objective, &cands[i])).fold(f64::INFINITY, f64::min);
-    let near: Indices = pool
-        .iter()
-        .copied()
-        .filter(|&i| {
-            let c = cost(class.objective, &cands[i]);
-            c == best || (best.is_finite() && c <= best * 1.05)
-        })
-        .collect();
-    // Power of two choices among the near-ties: the less loaded of two drawn.
-    let (x, y) = (near[d.a % near.len()], near[d.b % near.len()]);
-    let i = if cands[y].outstanding < cands[x].outstanding { y } else { x };
+    // 4. The objective, among those not held back.
+    let pool = not_held_back(class, cands, p, &compliant, &mut why);
+    let (i, near) = by_objective(class.objective, cands, &pool, d);
     let reason = match class.objective {
         Objective::Cheapest => Reason::Cheapest,
         Objective::Fastest => Reason::Fastest,
         Objective::BestQuality => Reason::BestQuality,
         Objective::BestValue => Reason::BestValue,
     };
-    Decision {
-        backend: Some(i),
-        reason,
-        explanation: explanation(&|| {
-            let names: Vec<&str> = compliant.iter().map(|&j| &*cands[j].name).collect();
-            format!(
-                "{}: {} among compliant [{}]{}{why}",
-                reason.as_str(),
-                cands[i].name,
-                names.join(", "),
-                if near.len() > 1 {
-                    format!(" ({} near-tied, fewer outstanding)", near.len())
-                } else {
-                    String::new()
-                }
-            )
-        }),
-        compliant,
-    }
+    let explanation = why.say(|| {
+        let names: Vec<&str> = compliant.iter().map(|&j| &*cands[j].name).collect();
+        let ties = if near > 1 { format!(" ({near} near-tied, fewer outstanding)") } else { String::new() };
+        format!("{}: {} among compliant [{}]{ties}", reason.as_str(), cands[i].name, names.join(", "))
+    });
+    Decision { backend: Some(i), reason, compliant, explanation }
 }
 
+/// Step 1. Saturation is soft: a busy server still serves, so a saturated backend is out only
+/// while another usable one is not (as within a pool, `route::pool`).
+fn usable(cands: &[Candidate], why: &mut Notes) -> Indices {
+    let open = |c: &Candidate| c.healthy && c.max_concurrency.is_none_or(|m| c.outstanding < m);
+    let any_unsaturated = cands.iter().any(|c| open(c) && !c.saturated);
+    (0..cands.len())
+        .filter(|&i| {
+            let c = &cands[i];
+            let ok = open(c) && (!c.saturated || !any_unsaturated);
+            let state = if !c.healthy {
+                "unhealthy"
+            } else if !open(c) {
+                "at its concurrency limit"
+            } else if ok {
+                "saturated (every endpoint's queue or KV cache past its threshold), kept: no usable backend is not"
+            } else {
+                "saturated (every endpoint's queue or KV cache past its threshold)"
+            };
+            if !ok || c.saturated {
+                why.add(|w| write!(w, "; {} {state}", c.name));
+            }
+            ok
+        })
+        .collect()
+}
+
+/// Compliant backends whose few samples already miss a bound are held back while another
+/// compliant one is not (a cold start, where every backend is new, still learns).
+fn not_held_back(
+    class: &Class,
+    cands: &[Candidate],
+    p: &Policy,
+    compliant: &Indices,
+    why: &mut Notes,
+) -> Indices {
+    let held: Indices = compliant.iter().copied().filter(|&i| held_back(class, &cands[i], p)).collect();
+    if held.len() == compliant.len() {
+        return compliant.clone();
+    }
+    for &i in &held {
+        let c = &cands[i];
+        why.add(|w| {
+            if c.awaiting_sample {
+                write!(w, "; {} held back: its first sample is on its way", c.name)
+            } else {
+                let misses = provisional_misses(class, c, p).join(", ");
+                write!(
+                    w,
+                    "; {} held back: its {} of {} samples miss {misses}",
+                    c.name, c.stats.samples, p.min_samples
+                )
+            }
+        });
+    }
+    compliant.iter().copied().filter(|i| !held.contains(i)).collect()
+}
+
+/// The lowest cost; near-ties (within 5%) go to the less loaded of two drawn (power of two
+/// choices). With the number of near-ties.
+fn by_objective(obj: Objective, cands: &[Candidate], pool: &Indices, d: Draw) -> (usize, usize) {
+    let best = pool.iter().map(|&i| cost(obj, &cands[i])).fold(f64::INFINITY, f64::min);
+    let near: Indices = pool
+        .iter()
+        .copied()
+        .filter(|&i| {
+            let c = cost(obj, &cands[i]);
+            c == best || (best.is_finite() && c <= best * 1.05)
+        })
+        .collect();
+    let (x, y) = (near[d.a % near.len()], near[d.b % near.len()]);
+    let i = if cands[y].outstanding < cands[x].outstanding { y } else { x };
+    (i, near.len())
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -24,7 +24,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt::Write;
 use std::sync::Arc;
 
-use super::decide::{Degraded, Draw};
+use super::decide::{Degraded, Draw, Notes};
 use crate::config::{PoolPolicy, PoolSettings};
 
 /// One endpoint as a choice sees it.
@@ -172,204 +172,220 @@ pub fn choose(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw) -> P
     pick_with(p, eps, blocks, d, false)
 }
 
+fn least_loaded(eps: &[EndpointView], among: impl Iterator<Item = usize>) -> Option<usize> {
+    among.min_by(|&a, &b| eps[a].load().total_cmp(&eps[b].load()).then(a.cmp(&b)))
+}
+
 fn pick_with(p: &PoolSettings, eps: &[EndpointView], blocks: u32, d: Draw, explain: bool) -> Pick {
-    let mut why = String::new();
+    let mut why = Notes::new(explain);
     let healthy: Idx = (0..eps.len()).filter(|&i| eps[i].healthy).collect();
-    let least_loaded = |among: &[usize]| {
-        among.iter().copied().min_by(|&a, &b| eps[a].load().total_cmp(&eps[b].load()).then(a.cmp(&b)))
-    };
-    if !healthy.is_empty() && p.policy != PoolPolicy::Picker {
-        // The baselines goodput is measured against: no server signal, no prefix.
-        let (i, reason) = match p.policy {
-            PoolPolicy::RoundRobin => (healthy[d.a % healthy.len()], PickReason::RoundRobin),
-            _ => {
-                let least = healthy.iter().map(|&i| eps[i].outstanding).min().expect("not empty");
-                let ties: Idx = healthy.iter().copied().filter(|&i| eps[i].outstanding == least).collect();
-                (ties[d.a % ties.len()], PickReason::LeastOutstanding)
-            }
-        };
-        let explanation = if explain {
-            format!("{}: {} ({} outstanding)", reason.as_str(), eps[i].label, eps[i].outstanding)
-        } else {
-            String::new()
-        };
-        return Pick { index: Some(i), reason, explanation };
-    }
     if healthy.is_empty() {
         return Pick {
-            index: least_loaded(&(0..eps.len()).collect::<Idx>()),
+            index: least_loaded(eps, 0..eps.len()),
             reason: PickReason::NoHealthyEndpoint,
-            explanation: if explain {
-                "no endpoint's circuit is closed: the least loaded".into()
-            } else {
-                String::new()
-            },
+            explanation: why.say(|| "no endpoint's circuit is closed: the least loaded".into()),
         };
     }
+    if p.policy != PoolPolicy::Picker {
+        return baseline(p, eps, &healthy, d, &why);
+    }
+    // 1. Filter.
     let open: Idx = healthy
         .iter()
         .copied()
         .filter(|&i| match eps[i].saturation(p) {
             Some(s) => {
-                if explain {
-                    let _ = write!(why, "; {} saturated ({s})", eps[i].label);
-                }
+                why.add(|w| write!(w, "; {} saturated ({s})", eps[i].label));
                 false
             }
             None => true,
         })
         .collect();
     if open.is_empty() {
-        let i = least_loaded(&healthy).expect("healthy is not empty");
+        let i = least_loaded(eps, healthy.iter().copied()).expect("healthy is not empty");
         return Pick {
             index: Some(i),
             reason: PickReason::AllSaturated,
-            explanation: if explain {
-                format!("all_saturated: the least loaded, {} (load {:.0}){why}", eps[i].label, eps[i].load())
-            } else {
-                String::new()
-            },
+            explanation: why.say(|| {
+                format!("all_saturated: the least loaded, {} (load {:.0})", eps[i].label, eps[i].load())
+            }),
         };
     }
-    // Drain what drifted while anything else is left; a probe share still goes there.
-    let degraded = open.iter().filter(|&&i| eps[i].degraded.is_some()).count();
-    let drained = degraded > 0 && degraded < open.len();
-    if drained {
-        let of = |i: &usize| eps[*i].degraded.map(|g| (*i, g));
-        if d.explore < p.degraded_probe {
-            let (i, g) = open.iter().filter_map(of).nth(d.a % degraded).expect("counted");
-            return Pick {
-                index: Some(i),
-                reason: PickReason::QualityProbe,
-                explanation: if explain {
-                    format!(
-                        "quality_probe: {} (share {:.0}%), drained for {g}{why}",
-                        eps[i].label,
-                        p.degraded_probe * 100.0
-                    )
-                } else {
-                    String::new()
-                },
-            };
-        }
-        if explain {
-            for (i, g) in open.iter().filter_map(of) {
-                let _ = write!(why, "; {} drained ({g})", eps[i].label);
-            }
-        }
-    } else if explain && degraded > 0 {
-        let _ = write!(why, "; every open endpoint's quality drifted: none drained");
-    }
-    let open: Idx =
-        if drained { open.into_iter().filter(|&i| eps[i].degraded.is_none()).collect() } else { open };
-    if open.len() == 1 {
-        let i = open[0];
+    // 2. Drain.
+    let (open, drained) = match drain(p, eps, open, d, &mut why) {
+        Drain::Probe(pick) => return pick,
+        Drain::Keep { open, drained } => (open, drained),
+    };
+    if let [i] = open[..] {
         let reason = if drained { PickReason::QualityDegraded } else { PickReason::OnlyEndpoint };
         return Pick {
             index: Some(i),
             reason,
-            explanation: if explain {
-                format!("{}: {}{why}", reason.as_str(), eps[i].label)
-            } else {
-                String::new()
-            },
+            explanation: why.say(|| format!("{}: {}", reason.as_str(), eps[i].label)),
         };
     }
-    // Each signal scaled over the open endpoints.
-    let pick_of =
-        |f: &dyn Fn(&EndpointView) -> Option<f64>| open.iter().map(|&i| f(&eps[i])).collect::<Idx2>();
-    type Idx2 = SmallVec<[Option<f64>; 16]>;
-    let queue = scaled(&pick_of(&|e| Some(e.load())), true);
-    let kv = scaled(&pick_of(&|e| e.kv_cache), true);
-    let latency = scaled(&pick_of(&|e| e.ttft_p95_ms), true);
-    // A cached prefix saves its prefill, not a wait in a queue: it counts only at an endpoint
-    // within `prefix.max_load_gap` requests of the least loaded one, so that shared prompts do
-    // not all pile onto the replica that has them while another is idle.
-    let min_load = open.iter().map(|&i| eps[i].load()).fold(f64::INFINITY, f64::min);
-    let prefix: SmallVec<[f64; 16]> = open
-        .iter()
-        .map(|&i| {
-            let near_least = eps[i].load() <= min_load + p.prefix.max_load_gap;
-            if blocks == 0 || !near_least {
-                0.0
-            } else {
-                f64::from(eps[i].matched.min(blocks)) / f64::from(blocks)
-            }
-        })
-        .collect();
-    let w = p.weights;
-    let terms =
-        |k: usize| [w.queue * queue[k], w.kv_cache * kv[k], w.prefix * prefix[k], w.latency * latency[k]];
-    let total = |k: usize| terms(k).iter().sum::<f64>();
+    // 3 and 4.
+    best_scored(p, eps, &open, blocks, d, drained, &why)
+}
+
+/// The baselines goodput is measured against: no server signal, no prefix.
+fn baseline(p: &PoolSettings, eps: &[EndpointView], healthy: &Idx, d: Draw, why: &Notes) -> Pick {
+    let (i, reason) = match p.policy {
+        PoolPolicy::RoundRobin => (healthy[d.a % healthy.len()], PickReason::RoundRobin),
+        _ => {
+            let least = healthy.iter().map(|&i| eps[i].outstanding).min().expect("not empty");
+            let ties: Idx = healthy.iter().copied().filter(|&i| eps[i].outstanding == least).collect();
+            (ties[d.a % ties.len()], PickReason::LeastOutstanding)
+        }
+    };
+    let explanation =
+        why.say(|| format!("{}: {} ({} outstanding)", reason.as_str(), eps[i].label, eps[i].outstanding));
+    Pick { index: Some(i), reason, explanation }
+}
+
+enum Drain {
+    /// The `degraded_probe` share: this choice goes to a drained endpoint.
+    Probe(Pick),
+    /// The endpoints left to score, and whether any was drained.
+    Keep { open: Idx, drained: bool },
+}
+
+/// Step 2: endpoints whose quality drifted are out while any other is left, except for the
+/// probe share of choices.
+fn drain(p: &PoolSettings, eps: &[EndpointView], open: Idx, d: Draw, why: &mut Notes) -> Drain {
+    let degraded = open.iter().filter(|&&i| eps[i].degraded.is_some()).count();
+    if degraded == 0 {
+        return Drain::Keep { open, drained: false };
+    }
+    if degraded == open.len() {
+        why.add(|w| w.write_str("; every open endpoint's quality drifted: none drained"));
+        return Drain::Keep { open, drained: false };
+    }
+    let of = |i: &usize| eps[*i].degraded.map(|g| (*i, g));
+    if d.explore < p.degraded_probe {
+        let (i, g) = open.iter().filter_map(of).nth(d.a % degraded).expect("counted");
+        let share = p.degraded_probe * 100.0;
+        return Drain::Probe(Pick {
+            index: Some(i),
+            reason: PickReason::QualityProbe,
+            explanation: why
+                .say(|| format!("quality_probe: {} (share {share:.0}%), drained for {g}", eps[i].label)),
+        });
+    }
+    for (i, g) in open.iter().filter_map(of) {
+        why.add(|w| write!(w, "; {} drained ({g})", eps[i].label));
+    }
+    Drain::Keep { open: open.into_iter().filter(|&i| eps[i].degraded.is_none()).collect(), drained: true }
+}
+
+/// Each open endpoint's weighted signals: queue, KV cache, prefix, latency.
+type Terms = SmallVec<[[f64; 4]; 16]>;
+
+/// Steps 3 and 4, over two or more open endpoints.
+fn best_scored(
+    p: &PoolSettings,
+    eps: &[EndpointView],
+    open: &Idx,
+    blocks: u32,
+    d: Draw,
+    drained: bool,
+    why: &Notes,
+) -> Pick {
+    let terms = weighted(p, eps, open, blocks);
+    let total = |k: usize| terms[k].iter().sum::<f64>();
     let best = (0..open.len()).map(total).fold(f64::NEG_INFINITY, f64::max);
+    let w = p.weights;
     let span = w.queue + w.kv_cache + w.prefix + w.latency;
     let near: Idx = (0..open.len()).filter(|&k| total(k) >= best - p.near_tie * span).collect();
     let (x, y) = (near[d.a % near.len()], near[d.b % near.len()]);
+    let load = |k: usize| eps[open[k]].load();
     let k = if near.len() == 1 {
         near[0]
-    } else if eps[open[y]].load() < eps[open[x]].load()
-        || (eps[open[y]].load() == eps[open[x]].load() && total(y) > total(x))
-    {
+    } else if load(y) < load(x) || (load(y) == load(x) && total(y) > total(x)) {
         y
     } else {
         x
     };
-    // The reason: the signal that most separates the choice from the best of the others.
-    let runner = (0..open.len())
-        .filter(|&j| j != k)
-        .max_by(|&a, &b| total(a).total_cmp(&total(b)))
-        .expect("two or more");
-    let reason = if near.len() > 1 {
-        if eps[open[k]].load() < eps[open[runner]].load() {
-            PickReason::LeastQueue
-        } else {
-            PickReason::NearTie
-        }
-    } else {
-        let (tk, tr) = (terms(k), terms(runner));
-        // On equal leads, the first in this order: queue, KV, prefix, latency.
-        let lead = (1..4).fold(0, |best, t| if tk[t] - tr[t] > tk[best] - tr[best] { t } else { best });
-        match lead {
-            0 => PickReason::LeastQueue,
-            1 => PickReason::KvHeadroom,
-            2 => PickReason::PrefixHit,
-            _ => PickReason::LowestLatency,
-        }
-    };
     let reason = if drained {
         PickReason::QualityDegraded
-    } else if !matches!(reason, PickReason::PrefixHit) && !open.iter().any(|&i| eps[i].known()) {
-        PickReason::FallbackUnknown
     } else {
-        reason
+        match lead(&terms, k, near.len(), load) {
+            PickReason::PrefixHit => PickReason::PrefixHit,
+            _ if !open.iter().any(|&i| eps[i].known()) => PickReason::FallbackUnknown,
+            reason => reason,
+        }
     };
-    let explanation = if explain {
+    let explanation = why.say(|| {
         let mut s = format!("{}: {}", reason.as_str(), eps[open[k]].label);
         for (j, &i) in open.iter().enumerate() {
-            let e = &eps[i];
-            let _ = write!(s, "; {} score {:.2} (load {:.0}", e.label, total(j), e.load());
-            if let Some(kv) = e.kv_cache {
-                let _ = write!(s, ", KV {:.0}%", kv * 100.0);
-            }
-            if blocks > 0 {
-                let _ = write!(s, ", prefix {}/{blocks}", e.matched.min(blocks));
-            }
-            if let Some(t) = e.ttft_p95_ms {
-                let _ = write!(s, ", ttft p95 {t:.0} ms");
-            }
-            if !e.known() {
-                s.push_str(", server unknown");
-            }
-            s.push(')');
+            let _ = explain_endpoint(&mut s, &eps[i], total(j), blocks);
         }
         if near.len() > 1 {
             let _ = write!(s, "; {} near-ties, the less loaded of two drawn", near.len());
         }
-        s + &why
-    } else {
-        String::new()
-    };
+        s
+    });
     Pick { index: Some(open[k]), reason, explanation }
+}
+
+/// Each signal scaled over the open endpoints, times its weight.
+fn weighted(p: &PoolSettings, eps: &[EndpointView], open: &Idx, blocks: u32) -> Terms {
+    let signal = |f: &dyn Fn(&EndpointView) -> Option<f64>| {
+        open.iter().map(|&i| f(&eps[i])).collect::<SmallVec<[_; 16]>>()
+    };
+    let queue = scaled(&signal(&|e| Some(e.load())), true);
+    let kv = scaled(&signal(&|e| e.kv_cache), true);
+    let latency = scaled(&signal(&|e| e.ttft_p95_ms), true);
+    // A cached prefix saves its prefill, not a wait in a queue: it counts only at an endpoint
+    // within `prefix.max_load_gap` requests of the least loaded one, so that shared prompts do
+    // not all pile onto the replica that has them while another is idle.
+    let min_load = open.iter().map(|&i| eps[i].load()).fold(f64::INFINITY, f64::min);
+    let prefix = |i: usize| {
+        let near_least = eps[i].load() <= min_load + p.prefix.max_load_gap;
+        if blocks == 0 || !near_least {
+            0.0
+        } else {
+            f64::from(eps[i].matched.min(blocks)) / f64::from(blocks)
+        }
+    };
+    let w = p.weights;
+    (0..open.len())
+        .map(|k| [w.queue * queue[k], w.kv_cache * kv[k], w.prefix * prefix(open[k]), w.latency * latency[k]])
+        .collect()
+}
+
+/// Why `k` was chosen: the signal that most separates it from the best of the others (on equal
+/// leads, the first in the order queue, KV, prefix, latency), or the load among near-ties.
+fn lead(terms: &Terms, k: usize, near: usize, load: impl Fn(usize) -> f64) -> PickReason {
+    let total = |k: usize| terms[k].iter().sum::<f64>();
+    let runner = (0..terms.len())
+        .filter(|&j| j != k)
+        .max_by(|&a, &b| total(a).total_cmp(&total(b)))
+        .expect("two or more");
+    if near > 1 {
+        return if load(k) < load(runner) { PickReason::LeastQueue } else { PickReason::NearTie };
+    }
+    let (tk, tr) = (terms[k], terms[runner]);
+    let lead = (1..4).fold(0, |best, t| if tk[t] - tr[t] > tk[best] - tr[best] { t } else { best });
+    [PickReason::LeastQueue, PickReason::KvHeadroom, PickReason::PrefixHit, PickReason::LowestLatency][lead]
+}
+
+fn explain_endpoint(s: &mut String, e: &EndpointView, score: f64, blocks: u32) -> std::fmt::Result {
+    write!(s, "; {} score {score:.2} (load {:.0}", e.label, e.load())?;
+    if let Some(kv) = e.kv_cache {
+        write!(s, ", KV {:.0}%", kv * 100.0)?;
+    }
+    if blocks > 0 {
+        write!(s, ", prefix {}/{blocks}", e.matched.min(blocks))?;
+    }
+    if let Some(t) = e.ttft_p95_ms {
+        write!(s, ", ttft p95 {t:.0} ms")?;
+    }
+    if !e.known() {
+        s.push_str(", server unknown");
+    }
+    s.push(')');
+    Ok(())
 }
 
 /// The prompt's whole blocks as a chain of hashes: each covers its block and every block

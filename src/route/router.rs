@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use super::breaker::{Breaker, BreakerConfig};
-use super::decide::{Candidate, Class, Decision, Degraded, Draw, Policy, Reason, Stats, choose, decide};
+use super::decide::{Candidate, Class, Degraded, Draw, Policy, Reason, Stats, choose, decide};
 use super::pool::{EndpointView, PickReason, PrefixIndex};
-use crate::config::reload::{ResolvedRoute, Snapshot};
+use crate::config::reload::{ResolvedBackend, ResolvedRoute, Snapshot};
 use crate::meter::window::{DriftView, WindowSnapshot, confident};
 
 /// One replica of a backend: where it is, what goodput has sent it, its breaker and what its
@@ -490,6 +490,20 @@ pub struct Choice {
     pub sample: Option<SampleClaim>,
 }
 
+impl Choice {
+    fn refused(at_capacity: bool, shed: Option<String>) -> Choice {
+        Choice {
+            backend: 0,
+            reason: Reason::NoHealthyBackend,
+            endpoint: None,
+            pick: PickReason::NoHealthyEndpoint,
+            at_capacity,
+            shed,
+            sample: None,
+        }
+    }
+}
+
 /// What one choice needs to know of the request beyond the route.
 pub struct Ask<'a> {
     pub slo: SloHeaders,
@@ -669,99 +683,43 @@ impl Router {
         }
         let class = if ask.slo.is_empty() { route.class.clone() } else { ask.slo.apply(&route.class) };
         let draw = draw(ask.id ^ tried.len() as u64 ^ ((ask.tried_endpoints.len() as u64) << 32));
-        let refuse = |at_capacity, shed| Choice {
-            backend: 0,
-            reason: Reason::NoHealthyBackend,
-            endpoint: None,
-            pick: PickReason::NoHealthyEndpoint,
-            at_capacity,
-            shed,
-            sample: None,
-        };
         // Before the decision: a predicted wait past the TTFT objective sheds too, and that
         // does not make a backend unusable for the decision.
         if let Some(why) = self.shed(snap, route, ask, &class) {
-            return refuse(false, Some(why));
+            return Choice::refused(false, Some(why));
         }
-        let (d, k, mut reason, sample) = loop {
-            let d: Decision = choose(&class, &cands, &snap.policy, draw);
-            let (k, reason) = match d.backend {
-                Some(k) => (k, d.reason),
-                None => {
-                    // Open circuits do not refuse (the upstream's answer is what the client
-                    // gets), but a configured concurrency limit is a promise to the backend.
-                    let has_room =
-                        |k: &usize| cands[*k].max_concurrency.is_none_or(|m| cands[*k].outstanding < m);
-                    let Some(k) = (0..cands.len())
-                        .filter(|k| !tried.contains(&route.candidates[*k]) && has_room(k))
-                        .min_by_key(|&k| cands[k].outstanding)
-                    else {
-                        return refuse(true, None);
-                    };
-                    (k, Reason::NoHealthyBackend)
-                }
-            };
-            let (c, state) = (&cands[k], &snap.backends[route.candidates[k]].state);
-            if !ask.sample {
-                break (d, k, reason, None);
-            }
-            if c.stats.samples > 0 || c.awaiting_sample {
-                break (d, k, reason, Some(SampleClaim::new(state)));
-            }
-            match SampleClaim::first(state) {
-                Some(claim) => break (d, k, reason, Some(claim)),
-                // Another decision claimed it since the candidates were read: decide again as
-                // it would now (at most once per candidate, since a held one is never claimed).
-                None => cands[k].awaiting_sample = true,
-            }
+        let Some(decided) = decide_and_claim(&class, &mut cands, snap, route, ask, draw) else {
+            return Choice::refused(true, None);
         };
-        if !tried.is_empty() || !ask.tried_endpoints.is_empty() {
-            reason = Reason::Failover;
-        }
+        let Decided { k, least_loaded, sample, .. } = decided;
+        let reason = if tried.is_empty() && ask.tried_endpoints.is_empty() {
+            decided.reason
+        } else {
+            Reason::Failover
+        };
         let backend = route.candidates[k];
         let b = &snap.backends[backend];
-        // The endpoint within the backend's pool.
         let blocks = match ask.prompt {
             Some(p) if b.is_pool && b.pool.weights.prefix > 0.0 => {
                 super::pool::prompt_blocks(p, b.pool.prefix.block_bytes, b.pool.prefix.max_prompt_blocks)
             }
             _ => Vec::new(),
         };
-        let min = snap.policy.min_samples;
-        let windows = ask.endpoint_windows.get(&*b.name);
-        let ttft = |label: &str| {
-            windows?
-                .get(label)
-                .filter(|w| w.counts.requests >= min)
-                .and_then(|w| w.ttft.p95)
-                .map(|s| s * 1000.0)
-        };
-        let on = &snap.config.quality.drift.drain_on;
-        // The pool's drift, looked up once per choice (none: nothing drains).
-        let pool_drift = if on.is_empty() { None } else { ask.drift.endpoints.get(&*b.name) };
-        let degraded = |label: &str| confident(pool_drift?.get(label)?, on).map(Degraded::from);
-        let pool_ask = PoolAsk {
-            settings: &b.pool,
-            blocks: &blocks,
-            ttft_p95_ms: &ttft,
-            degraded: &degraded,
-            tried: ask.tried_endpoints,
-        };
-        let pool_draw = super::router::draw(ask.id.rotate_left(17) ^ ask.tried_endpoints.len() as u64);
-        let picked = b.state.pick(&pool_ask, pool_draw);
+        let PoolPick { endpoint, reason: pick, views, draw: pool_draw } =
+            pick_endpoint(snap, b, ask, &blocks);
         let counter = || self.metric.with_label_values(&[&*route.name, &*b.name, reason.as_str()]);
         match route.decided.get(k * Reason::COUNT + reason as usize) {
             Some(c) => c.get_or_init(counter).inc(),
             None => counter().inc(),
         }
-        if let (Some(e), Some(m)) = (&picked.endpoint, &self.endpoint_metric) {
-            e.decided[picked.reason as usize]
-                .get_or_init(|| m.with_label_values(&[&*b.name, &*e.label, picked.reason.as_str()]))
+        if let (Some(e), Some(m)) = (&endpoint, &self.endpoint_metric) {
+            e.decided[pick as usize]
+                .get_or_init(|| m.with_label_values(&[&*b.name, &*e.label, pick.as_str()]))
                 .inc();
         }
         let keep = snap.config.routing.recent_decisions;
         if keep > 0 {
-            let log = Logged {
+            let entry = Logged {
                 unix_ms: crate::meter::record::unix_ms(),
                 route: route.name.clone(),
                 class_name: route.class_name.clone(),
@@ -771,31 +729,23 @@ impl Router {
                 cands,
                 policy: snap.policy,
                 draw,
-                least_loaded: d.backend.is_none(),
+                least_loaded,
                 failover_from: tried.iter().map(|&i| snap.backends[i].name.clone()).collect(),
-                pool: (!picked.views.is_empty()).then(|| LoggedPick {
+                endpoint: endpoint.as_ref().map(|e| e.label.clone()),
+                pool: (!views.is_empty()).then(|| LoggedPick {
                     settings: b.pool.clone(),
-                    views: picked.views,
+                    views,
                     blocks: blocks.len() as u32,
-                    draw: picked.draw,
+                    draw: pool_draw,
                 }),
-                endpoint: picked.endpoint.as_ref().map(|e| e.label.clone()),
             };
             let mut q = self.decisions.lock().unwrap_or_else(|p| p.into_inner());
-            q.push_back(log);
+            q.push_back(entry);
             while q.len() > keep {
                 q.pop_front();
             }
         }
-        Choice {
-            backend,
-            reason,
-            endpoint: picked.endpoint,
-            pick: picked.reason,
-            at_capacity: false,
-            shed: None,
-            sample,
-        }
+        Choice { backend, reason, endpoint, pick, at_capacity: false, shed: None, sample }
     }
 
     /// Why a request of a class that sheds is refused: every endpoint of every candidate
@@ -851,6 +801,85 @@ impl Router {
         };
         logged.iter().map(Logged::explain).collect()
     }
+}
+
+/// A decision, and the latency sample it claims where the request is metered.
+struct Decided {
+    /// The candidate chosen.
+    k: usize,
+    reason: Reason,
+    /// The decision found no usable candidate and the least loaded one was taken.
+    least_loaded: bool,
+    sample: Option<SampleClaim>,
+}
+
+/// The decision over `cands`; `None`: every candidate not yet tried is at its concurrency
+/// limit, and the request must be refused. When no candidate is usable otherwise (every circuit
+/// open or saturated) the least loaded is taken: open circuits do not refuse (the upstream's
+/// answer is what the client gets), but a configured concurrency limit is a promise to the
+/// backend.
+fn decide_and_claim(
+    class: &Class,
+    cands: &mut [Candidate],
+    snap: &Snapshot,
+    route: &ResolvedRoute,
+    ask: &Ask<'_>,
+    draw: Draw,
+) -> Option<Decided> {
+    loop {
+        let d = choose(class, cands, &snap.policy, draw);
+        let (k, reason) = match d.backend {
+            Some(k) => (k, d.reason),
+            None => {
+                let has_room =
+                    |k: &usize| cands[*k].max_concurrency.is_none_or(|m| cands[*k].outstanding < m);
+                let k = (0..cands.len())
+                    .filter(|k| !ask.tried.contains(&route.candidates[*k]) && has_room(k))
+                    .min_by_key(|&k| cands[k].outstanding)?;
+                (k, Reason::NoHealthyBackend)
+            }
+        };
+        let least_loaded = d.backend.is_none();
+        let (c, state) = (&cands[k], &snap.backends[route.candidates[k]].state);
+        let sample = if !ask.sample {
+            None
+        } else if c.stats.samples > 0 || c.awaiting_sample {
+            Some(SampleClaim::new(state))
+        } else {
+            match SampleClaim::first(state) {
+                Some(claim) => Some(claim),
+                // Another decision claimed it since the candidates were read: decide again as
+                // it would now (at most once per candidate, since a held one is never claimed).
+                None => {
+                    cands[k].awaiting_sample = true;
+                    continue;
+                }
+            }
+        };
+        return Some(Decided { k, reason, least_loaded, sample });
+    }
+}
+
+/// The endpoint within backend `b`'s pool, from goodput's trusted per-endpoint TTFT windows and
+/// the drift that drains.
+fn pick_endpoint(snap: &Snapshot, b: &ResolvedBackend, ask: &Ask<'_>, blocks: &[u64]) -> PoolPick {
+    let min = snap.policy.min_samples;
+    let windows = ask.endpoint_windows.get(&*b.name);
+    let ttft = |label: &str| {
+        windows?.get(label).filter(|w| w.counts.requests >= min).and_then(|w| w.ttft.p95).map(|s| s * 1000.0)
+    };
+    let on = &snap.config.quality.drift.drain_on;
+    // The pool's drift, looked up once per choice (none: nothing drains).
+    let pool_drift = if on.is_empty() { None } else { ask.drift.endpoints.get(&*b.name) };
+    let degraded = |label: &str| confident(pool_drift?.get(label)?, on).map(Degraded::from);
+    let pool_ask = PoolAsk {
+        settings: &b.pool,
+        blocks,
+        ttft_p95_ms: &ttft,
+        degraded: &degraded,
+        tried: ask.tried_endpoints,
+    };
+    b.state.pick(&pool_ask, draw(ask.id.rotate_left(17) ^ ask.tried_endpoints.len() as u64))
 }
 
 #[cfg(test)]
