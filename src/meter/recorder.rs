@@ -195,33 +195,32 @@ fn run(
     metrics: Metrics,
     shared: Arc<Shared>,
     quality: Option<QualityLink>,
-    mut log: Option<RequestLog>,
+    log: Option<RequestLog>,
 ) {
-    let epoch = Instant::now();
-    let mut log_failing = false;
-    let mut line = Vec::new();
-    let mut windows: HashMap<String, BackendWindows> = HashMap::new();
-    let mut classes: HashMap<String, BackendWindows> = HashMap::new();
-    // Pools' endpoints: (backend, endpoint) → their latency and quality windows.
-    let mut endpoints: HashMap<(Arc<str>, Arc<str>), BackendWindows> = HashMap::new();
-    // Endpoints whose gauges are exported, so that those that left lose theirs.
-    let mut exported: Vec<(Arc<str>, Arc<str>)> = Vec::new();
-    let window_for =
-        |windows: &mut HashMap<String, BackendWindows>, key: &str, snap: &crate::config::reload::Snapshot| {
-            windows.entry(key.to_string()).or_insert_with(|| BackendWindows::new(snap)).resize(snap);
-        };
-    let mut calibrator = Calibrator::default();
-    let mut thresholds: Vec<[String; 3]> = Vec::new();
-    let mut drift_exported: Vec<[String; 3]> = Vec::new();
+    let mut t = Thread {
+        config,
+        metrics,
+        shared,
+        quality,
+        log,
+        log_failing: false,
+        line: Vec::new(),
+        epoch: Instant::now(),
+        windows: HashMap::new(),
+        classes: HashMap::new(),
+        endpoints: HashMap::new(),
+        exported: Vec::new(),
+        calibrator: Calibrator::default(),
+        thresholds: Vec::new(),
+        drift_exported: Vec::new(),
+    };
     let mut last_publish = Instant::now();
     let mut last_work = Instant::now();
     loop {
         // Drain what is queued, then sleep: the hot path's try_send never has to wake this
         // thread (a futex wake and a context switch per request, measured as the largest
         // per-request cost before this change). Only a quiet recorder blocks (PARK_AFTER).
-        shared.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let mut got_any = false;
-        let mut filed = 0;
+        t.shared.rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let mut first = None;
         if last_work.elapsed() >= PARK_AFTER {
             match rx.recv_timeout(PUBLISH_EVERY.saturating_sub(last_publish.elapsed())) {
@@ -230,244 +229,317 @@ fn run(
                 Err(RecvTimeoutError::Disconnected) => return,
             }
         }
+        let Some(filed) = t.file_queued(&rx, first) else { return };
+        let scored = t.apply_scores();
+        // Publish on a clock, not per record: windows also age when no traffic comes.
+        if last_publish.elapsed() >= PUBLISH_EVERY {
+            t.publish();
+            last_publish = Instant::now();
+        }
+        if filed > 0 || scored {
+            last_work = Instant::now();
+        } else if last_work.elapsed() < PARK_AFTER {
+            std::thread::sleep(DRAIN_EVERY);
+        }
+    }
+}
+
+/// The recorder thread's own state: the windows it keeps, what it exported (so that a backend,
+/// endpoint or threshold that left loses its series), the calibrator and the request log.
+struct Thread {
+    config: Arc<ConfigHandle>,
+    metrics: Metrics,
+    shared: Arc<Shared>,
+    quality: Option<QualityLink>,
+    log: Option<RequestLog>,
+    log_failing: bool,
+    /// The request log's line, reused.
+    line: Vec<u8>,
+    epoch: Instant,
+    windows: HashMap<String, BackendWindows>,
+    classes: HashMap<String, BackendWindows>,
+    /// Pools' endpoints: (backend, endpoint) → their latency and quality windows.
+    endpoints: HashMap<(Arc<str>, Arc<str>), BackendWindows>,
+    /// Endpoints whose gauges are exported.
+    exported: Vec<(Arc<str>, Arc<str>)>,
+    calibrator: Calibrator,
+    thresholds: Vec<[String; 3]>,
+    drift_exported: Vec<[String; 3]>,
+}
+
+/// A backend's or a class's windows, made on its first record and resized on a reload.
+fn windows_of<'a>(
+    ws: &'a mut HashMap<String, BackendWindows>,
+    key: &str,
+    snap: &crate::config::reload::Snapshot,
+) -> &'a mut BackendWindows {
+    ws.entry(key.to_string()).or_insert_with(|| BackendWindows::new(snap)).resize(snap)
+}
+
+impl Thread {
+    /// File every queued record (`first`, then what `try_recv` gives), each exactly once. The
+    /// number filed; `None` when the proxy is gone.
+    fn file_queued(
+        &mut self,
+        rx: &Receiver<(RequestRecord, Payload)>,
+        mut first: Option<(RequestRecord, Payload)>,
+    ) -> Option<u64> {
+        let mut filed = 0;
         loop {
             let next = match first.take() {
                 Some(r) => Ok(r),
                 None => rx.try_recv(),
             };
             match next {
-                Ok((mut r, mut payload)) => {
-                    got_any = true;
-                    let snap = config.load_full();
-                    finalize(&mut r, &payload, &snap);
-                    observe(&metrics, &r);
-                    if let Some(q) = &quality {
-                        hand_over(q, &r, &mut payload);
-                    }
-                    let cost = snap.backend(&r.backend).map_or(0.0, |b| {
-                        b.price.of(r.prompt_tokens.unwrap_or(0), r.completion_tokens.unwrap_or(0))
-                    });
-                    let now = epoch.elapsed().as_secs();
-                    window_for(&mut windows, &r.backend, &snap);
-                    if let Some(w) = windows.get_mut(&*r.backend) {
-                        w.latency.add(now, &r, cost);
-                    }
-                    window_for(&mut classes, &r.class, &snap);
-                    if let Some(w) = classes.get_mut(&*r.class) {
-                        w.latency.add(now, &r, cost);
-                    }
-                    if !r.endpoint.is_empty() && snap.backend(&r.backend).is_some_and(|b| b.is_pool) {
-                        endpoints
-                            .entry((r.backend.clone(), r.endpoint.clone()))
-                            .or_insert_with(|| BackendWindows::new(&snap))
-                            .resize(&snap)
-                            .latency
-                            .add(now, &r, cost);
-                    }
-                    if let Some(w) = log.as_mut() {
-                        // Whole lines only reach the writer: stdout's lines never interleave.
-                        line.clear();
-                        let written = serde_json::to_writer(&mut line, &r).map_err(std::io::Error::from);
-                        line.push(b'\n');
-                        log_written(written.and_then(|()| w.write_all(&line)), &mut log_failing);
-                    }
-                    let keep = snap.config.metrics.recent_records;
-                    let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
-                    recent.push_back(r);
-                    while recent.len() > keep {
-                        recent.pop_front();
-                    }
-                    drop(recent);
+                Ok((r, payload)) => {
+                    self.file(r, payload);
                     filed += 1;
                 }
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => {
-                    if let Some(w) = log.as_mut() {
-                        log_written(w.flush(), &mut log_failing);
+                    if let Some(w) = self.log.as_mut() {
+                        log_written(w.flush(), &mut self.log_failing);
                     }
-                    return;
+                    return None;
                 }
             }
         }
         // Flushed before the records count as processed: a shutdown that waited for them
         // finds them in the request log too.
         if filed > 0
-            && let Some(w) = log.as_mut()
+            && let Some(w) = self.log.as_mut()
         {
-            log_written(w.flush(), &mut log_failing);
+            log_written(w.flush(), &mut self.log_failing);
         }
-        shared.processed.fetch_add(filed, std::sync::atomic::Ordering::Release);
-        while let Some(ev) = quality.as_ref().and_then(|q| q.results.try_recv().ok()) {
-            got_any = true;
-            let snap = config.load_full();
-            let of = match &ev {
-                QualityEvent::Perplexity(r) => &r.of,
-                QualityEvent::Consistency(r) => &r.of,
+        self.shared.processed.fetch_add(filed, std::sync::atomic::Ordering::Release);
+        Some(filed)
+    }
+
+    /// One record: its counts completed, then metrics, the scorers' share, the windows, the
+    /// request log and the recent-records ring.
+    fn file(&mut self, mut r: RequestRecord, mut payload: Payload) {
+        let snap = self.config.load_full();
+        finalize(&mut r, &payload, &snap);
+        observe(&self.metrics, &r);
+        if let Some(q) = &self.quality {
+            hand_over(q, &r, &mut payload);
+        }
+        let cost = snap
+            .backend(&r.backend)
+            .map_or(0.0, |b| b.price.of(r.prompt_tokens.unwrap_or(0), r.completion_tokens.unwrap_or(0)));
+        let now = self.epoch.elapsed().as_secs();
+        windows_of(&mut self.windows, &r.backend, &snap).latency.add(now, &r, cost);
+        windows_of(&mut self.classes, &r.class, &snap).latency.add(now, &r, cost);
+        if !r.endpoint.is_empty() && snap.backend(&r.backend).is_some_and(|b| b.is_pool) {
+            self.endpoints
+                .entry((r.backend.clone(), r.endpoint.clone()))
+                .or_insert_with(|| BackendWindows::new(&snap))
+                .resize(&snap)
+                .latency
+                .add(now, &r, cost);
+        }
+        if let Some(w) = self.log.as_mut() {
+            // Whole lines only reach the writer: stdout's lines never interleave.
+            self.line.clear();
+            let written = serde_json::to_writer(&mut self.line, &r).map_err(std::io::Error::from);
+            self.line.push(b'\n');
+            log_written(written.and_then(|()| w.write_all(&self.line)), &mut self.log_failing);
+        }
+        let keep = snap.config.metrics.recent_records;
+        let mut recent = self.shared.recent.lock().unwrap_or_else(|p| p.into_inner());
+        recent.push_back(r);
+        while recent.len() > keep {
+            recent.pop_front();
+        }
+    }
+
+    /// Apply every score that came back; true when any did.
+    fn apply_scores(&mut self) -> bool {
+        let mut any = false;
+        while let Some(ev) = self.quality.as_ref().and_then(|q| q.results.try_recv().ok()) {
+            any = true;
+            self.apply(ev);
+        }
+        any
+    }
+
+    /// A score into the windows of its backend, its class and its endpoint (whose windows exist
+    /// once a request it served was filed), and onto its record while that is recent.
+    fn apply(&mut self, ev: QualityEvent) {
+        let snap = self.config.load_full();
+        let of = match &ev {
+            QualityEvent::Perplexity(r) => &r.of,
+            QualityEvent::Consistency(r) => &r.of,
+        };
+        let (id, backend, class, endpoint) =
+            (of.id, of.backend.clone(), of.class.clone(), of.endpoint.clone());
+        windows_of(&mut self.windows, &backend, &snap);
+        windows_of(&mut self.classes, &class, &snap);
+        let verdict = match &ev {
+            QualityEvent::Consistency(res) => self.verdict(&snap, res),
+            QualityEvent::Perplexity(_) => None,
+        };
+        let now = self.epoch.elapsed().as_secs();
+        let scopes = [
+            self.windows.get_mut(&*backend),
+            self.classes.get_mut(&*class),
+            self.endpoints.get_mut(&(backend, endpoint)),
+        ];
+        let mut recent = self.shared.recent.lock().unwrap_or_else(|p| p.into_inner());
+        let rec = recent.iter_mut().rev().find(|r| r.id == id);
+        match ev {
+            QualityEvent::Perplexity(res) => {
+                let max_ppl = snap.config.classes.get(&*class).and_then(|c| c.max_perplexity);
+                let passed = max_ppl.is_none_or(|m| res.perplexity <= m);
+                for w in scopes.into_iter().flatten() {
+                    w.quality.add(now, res.perplexity, res.bits_per_byte, res.tokens, passed);
+                    w.baseline.add(now, Signal::BitsPerByte, res.bits_per_byte);
+                }
+                if let Some(r) = rec {
+                    r.perplexity = Some(res.perplexity);
+                    r.bits_per_byte = Some(res.bits_per_byte);
+                }
+            }
+            QualityEvent::Consistency(res) => {
+                for w in scopes.into_iter().flatten() {
+                    w.quality.add_consistency(now, res.score, verdict);
+                    w.baseline.add(now, Signal::Consistency, res.score);
+                }
+                if let Some(r) = rec {
+                    r.hallucination_score = Some(res.score);
+                    r.sentence_scores = Some(res.sentence_scores);
+                    r.consistency_scores =
+                        Some(res.method_scores.iter().map(|(m, s)| (m.as_str(), *s)).collect());
+                    r.hallucinated = verdict.map(|v| v.hallucinated);
+                }
+            }
+        }
+    }
+
+    /// A consistency check's verdict, where its backend's rate has a source (a probability
+    /// method, or a threshold calibrated on the reference, which this check may complete),
+    /// counted in the metrics.
+    fn verdict(
+        &mut self,
+        snap: &crate::config::reload::Snapshot,
+        res: &crate::quality::consistency::ConsistencyResult,
+    ) -> Option<crate::quality::calibration::Verdict> {
+        let c = snap.config.quality.consistency.as_ref()?;
+        let backend = &*res.of.backend;
+        self.calibrator.load(c);
+        let unix =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        if let Some(t) = self.calibrator.observe(c, backend, res.method, res.score, unix) {
+            tracing::info!(reference = %t.reference, method = t.method.as_str(), threshold = t.threshold, checks = t.checks, "consistency threshold calibrated");
+        }
+        let v = self.calibrator.source(c, backend).verdict(res.score)?;
+        let labels = res.of.labels();
+        let m = &self.metrics;
+        m.consistency_rated.with_label_values(&labels).inc();
+        // inc_by(0) too: the series exist from the first verdict, so that increase() over
+        // them reads 0 rather than nothing.
+        m.consistency_hallucinated.with_label_values(&labels).inc_by(u64::from(v.hallucinated));
+        let [method, b, route] = labels;
+        for (end, h) in [("lower", v.lower), ("upper", v.upper)] {
+            m.consistency_hallucinated_band.with_label_values(&[method, b, route, end]).inc_by(u64::from(h));
+        }
+        Some(v)
+    }
+
+    /// What readers see, every PUBLISH_EVERY: the windows' snapshots, the calibration, the
+    /// drift and the gauges. Backends, classes and endpoints that left the config leave with
+    /// their series.
+    fn publish(&mut self) {
+        let now = self.epoch.elapsed().as_secs();
+        let snap = self.config.load_full();
+        self.windows.retain(|name, _| snap.backends.iter().any(|b| &*b.name == name));
+        self.classes.retain(|name, _| {
+            snap.config.classes.contains_key(name) || name == crate::config::reload::UNCLASSED
+        });
+        if let Some(c) = &snap.config.quality.consistency {
+            self.publish_calibration(&snap, c);
+        }
+        let publish =
+            |scope: &str, ws: &mut HashMap<String, BackendWindows>| -> HashMap<String, WindowSnapshot> {
+                ws.iter_mut()
+                    .map(|(k, w)| {
+                        let s = w.snapshot(now);
+                        export_goodput(&self.metrics, scope, k, &s.goodput);
+                        (k.clone(), s)
+                    })
+                    .collect()
             };
-            let (id, backend, class) = (of.id, of.backend.clone(), of.class.clone());
-            // The endpoint's own windows exist once a request it served was recorded.
-            let endpoint = endpoints.get_mut(&(backend.clone(), of.endpoint.clone()));
-            window_for(&mut windows, &backend, &snap);
-            window_for(&mut classes, &class, &snap);
-            let max_ppl = snap.config.classes.get(&*class).and_then(|c| c.max_perplexity);
-            let now = epoch.elapsed().as_secs();
-            let mut recent = shared.recent.lock().unwrap_or_else(|p| p.into_inner());
-            let rec = recent.iter_mut().rev().find(|r| r.id == id);
-            match ev {
-                QualityEvent::Perplexity(res) => {
-                    let passed = max_ppl.is_none_or(|m| res.perplexity <= m);
-                    for w in
-                        [windows.get_mut(&*backend), classes.get_mut(&*class), endpoint].into_iter().flatten()
-                    {
-                        w.quality.add(now, res.perplexity, res.bits_per_byte, res.tokens, passed);
-                        w.baseline.add(now, Signal::BitsPerByte, res.bits_per_byte);
-                    }
-                    if let Some(r) = rec {
-                        r.perplexity = Some(res.perplexity);
-                        r.bits_per_byte = Some(res.bits_per_byte);
-                    }
-                }
-                QualityEvent::Consistency(res) => {
-                    let verdict = snap.config.quality.consistency.as_ref().and_then(|c| {
-                        calibrator.load(c);
-                        let unix = std::time::SystemTime::now()
-                            .duration_since(std::time::UNIX_EPOCH)
-                            .map_or(0, |d| d.as_secs());
-                        if let Some(t) = calibrator.observe(c, &backend, res.method, res.score, unix) {
-                            tracing::info!(reference = %t.reference, method = t.method.as_str(), threshold = t.threshold, checks = t.checks, "consistency threshold calibrated");
-                        }
-                        calibrator.source(c, &backend).verdict(res.score)
-                    });
-                    let labels = res.of.labels();
-                    if let Some(v) = verdict {
-                        metrics.consistency_rated.with_label_values(&labels).inc();
-                        // inc_by(0) too: the series exist from the first verdict, so that
-                        // increase() over them reads 0 rather than nothing.
-                        metrics
-                            .consistency_hallucinated
-                            .with_label_values(&labels)
-                            .inc_by(u64::from(v.hallucinated));
-                        let [m, b, r] = labels;
-                        for (end, h) in [("lower", v.lower), ("upper", v.upper)] {
-                            metrics
-                                .consistency_hallucinated_band
-                                .with_label_values(&[m, b, r, end])
-                                .inc_by(u64::from(h));
-                        }
-                    }
-                    for w in
-                        [windows.get_mut(&*backend), classes.get_mut(&*class), endpoint].into_iter().flatten()
-                    {
-                        w.quality.add_consistency(now, res.score, verdict);
-                        w.baseline.add(now, Signal::Consistency, res.score);
-                    }
-                    if let Some(r) = rec {
-                        r.hallucination_score = Some(res.score);
-                        r.sentence_scores = Some(res.sentence_scores);
-                        r.consistency_scores =
-                            Some(res.method_scores.iter().map(|(m, s)| (m.as_str(), *s)).collect());
-                        r.hallucinated = verdict.map(|v| v.hallucinated);
-                    }
-                }
-            }
+        self.shared.windows.store(Arc::new(publish("backend", &mut self.windows)));
+        self.shared.classes.store(Arc::new(publish("class", &mut self.classes)));
+        let live = |b: &str, e: &str| {
+            snap.backend(b).is_some_and(|b| b.is_pool && b.state.endpoints().iter().any(|x| &*x.label == e))
+        };
+        self.endpoints.retain(|(b, e), _| live(b, e));
+        let mut ew: super::window::EndpointWindows = HashMap::new();
+        for ((b, e), w) in self.endpoints.iter_mut() {
+            ew.entry(b.to_string()).or_default().insert(e.to_string(), w.snapshot(now));
         }
-        // Publish on a clock, not per record: windows also age when no traffic comes.
-        if last_publish.elapsed() >= PUBLISH_EVERY {
-            let now = epoch.elapsed().as_secs();
-            let snap = config.load_full();
-            // Backends and classes that left the config leave the windows too.
-            windows.retain(|name, _| snap.backends.iter().any(|b| &*b.name == name));
-            classes.retain(|name, _| {
-                snap.config.classes.contains_key(name) || name == crate::config::reload::UNCLASSED
-            });
-            let publish =
-                |scope: &str, ws: &mut HashMap<String, BackendWindows>| -> HashMap<String, WindowSnapshot> {
-                    ws.iter_mut()
-                        .map(|(k, w)| {
-                            let s = w.snapshot(now);
-                            export_goodput(&metrics, scope, k, &s.goodput);
-                            (k.clone(), s)
-                        })
-                        .collect()
-                };
-            if let Some(c) = &snap.config.quality.consistency {
-                calibrator.load(c);
-                if shared.recalibrate.swap(false, std::sync::atomic::Ordering::AcqRel) {
-                    calibrator.reset(Some(c));
-                    tracing::info!("consistency thresholds forgotten: calibrating again");
-                }
-                let sources: HashMap<String, RateSource> = snap
-                    .backends
-                    .iter()
-                    .map(|b| (b.name.to_string(), calibrator.source(c, &b.name)))
-                    .collect();
-                let mut now_thresholds = Vec::new();
-                for (b, src) in &sources {
-                    let (method, source) = match src {
-                        RateSource::Probability { method, .. } => (*method, "configured"),
-                        RateSource::Calibrated(t) => (t.method, "calibrated"),
-                        _ => continue,
-                    };
-                    if let Some(t) = src.threshold() {
-                        metrics.consistency_threshold.with_label_values(&[b, method.as_str(), source]).set(t);
-                        now_thresholds.push([b.clone(), method.as_str().to_string(), source.to_string()]);
-                    }
-                }
-                for gone in thresholds.iter().filter(|x| !now_thresholds.contains(x)) {
-                    let _ =
-                        metrics.consistency_threshold.remove_label_values(&[&gone[0], &gone[1], &gone[2]]);
-                }
-                thresholds = now_thresholds;
-                shared.calibration.store(Arc::new(sources));
-            }
-            shared.windows.store(Arc::new(publish("backend", &mut windows)));
-            shared.classes.store(Arc::new(publish("class", &mut classes)));
-            // Endpoints that left their pool (or whose backend left) leave the windows too.
-            let live = |b: &str, e: &str| {
-                snap.backend(b)
-                    .is_some_and(|b| b.is_pool && b.state.endpoints().iter().any(|x| &*x.label == e))
+        self.shared.endpoint_windows.store(Arc::new(ew));
+        let view = drift_view(&snap, &self.windows, &self.endpoints, now);
+        self.drift_exported = export_drift(&self.metrics, &view, std::mem::take(&mut self.drift_exported));
+        self.shared.drift.store(Arc::new(view));
+        self.export_states(&snap);
+    }
+
+    /// Each backend's rate source, and its threshold as a gauge.
+    fn publish_calibration(
+        &mut self,
+        snap: &crate::config::reload::Snapshot,
+        c: &crate::config::quality::ConsistencyConfig,
+    ) {
+        self.calibrator.load(c);
+        if self.shared.recalibrate.swap(false, std::sync::atomic::Ordering::AcqRel) {
+            self.calibrator.reset(Some(c));
+            tracing::info!("consistency thresholds forgotten: calibrating again");
+        }
+        let sources: HashMap<String, RateSource> =
+            snap.backends.iter().map(|b| (b.name.to_string(), self.calibrator.source(c, &b.name))).collect();
+        let mut now_thresholds = Vec::new();
+        for (b, src) in &sources {
+            let (method, source) = match src {
+                RateSource::Probability { method, .. } => (*method, "configured"),
+                RateSource::Calibrated(t) => (t.method, "calibrated"),
+                _ => continue,
             };
-            endpoints.retain(|(b, e), _| live(b, e));
-            let mut ew: super::window::EndpointWindows = HashMap::new();
-            for ((b, e), w) in endpoints.iter_mut() {
-                ew.entry(b.to_string()).or_default().insert(e.to_string(), w.snapshot(now));
+            if let Some(t) = src.threshold() {
+                self.metrics.consistency_threshold.with_label_values(&[b, method.as_str(), source]).set(t);
+                now_thresholds.push([b.clone(), method.as_str().to_string(), source.to_string()]);
             }
-            shared.endpoint_windows.store(Arc::new(ew));
-            let view = drift_view(&snap, &windows, &endpoints, now);
-            drift_exported = export_drift(&metrics, &view, drift_exported);
-            shared.drift.store(Arc::new(view));
-            let mut now_exported = Vec::new();
-            for b in &snap.backends {
-                let eps = b.state.endpoints();
-                metrics.pool_endpoints.with_label_values(&[&*b.name]).set(eps.len() as f64);
-                for e in eps.iter() {
-                    metrics
-                        .endpoint_outstanding
-                        .with_label_values(&[&*b.name, &*e.label])
-                        .set(e.outstanding() as f64);
-                    now_exported.push((b.name.clone(), e.label.clone()));
-                }
-            }
-            for (b, e) in exported.iter().filter(|x| !now_exported.contains(x)) {
-                metrics.remove_server(b, e);
-            }
-            exported = now_exported;
-            for b in &snap.backends {
-                metrics.backend_outstanding.with_label_values(&[&*b.name]).set(b.state.outstanding() as f64);
-                let state = b.state.breaker_state();
-                for s in ["closed", "open", "half_open"] {
-                    metrics
-                        .circuit_state
-                        .with_label_values(&[&*b.name, s])
-                        .set(f64::from(u8::from(s == state)));
-                }
-            }
-            last_publish = Instant::now();
         }
-        if got_any {
-            last_work = Instant::now();
-        } else if last_work.elapsed() < PARK_AFTER {
-            std::thread::sleep(DRAIN_EVERY);
+        for gone in self.thresholds.iter().filter(|x| !now_thresholds.contains(x)) {
+            let _ = self.metrics.consistency_threshold.remove_label_values(&[&gone[0], &gone[1], &gone[2]]);
+        }
+        self.thresholds = now_thresholds;
+        self.shared.calibration.store(Arc::new(sources));
+    }
+
+    /// Pools' sizes, outstanding requests per backend and endpoint, and circuit states.
+    fn export_states(&mut self, snap: &crate::config::reload::Snapshot) {
+        let m = &self.metrics;
+        let mut now_exported = Vec::new();
+        for b in &snap.backends {
+            let eps = b.state.endpoints();
+            m.pool_endpoints.with_label_values(&[&*b.name]).set(eps.len() as f64);
+            for e in eps.iter() {
+                m.endpoint_outstanding.with_label_values(&[&*b.name, &*e.label]).set(e.outstanding() as f64);
+                now_exported.push((b.name.clone(), e.label.clone()));
+            }
+        }
+        for (b, e) in self.exported.iter().filter(|x| !now_exported.contains(x)) {
+            m.remove_server(b, e);
+        }
+        self.exported = now_exported;
+        for b in &snap.backends {
+            m.backend_outstanding.with_label_values(&[&*b.name]).set(b.state.outstanding() as f64);
+            let state = b.state.breaker_state();
+            for s in ["closed", "open", "half_open"] {
+                m.circuit_state.with_label_values(&[&*b.name, s]).set(f64::from(u8::from(s == state)));
+            }
         }
     }
 }
