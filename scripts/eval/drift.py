@@ -17,6 +17,7 @@ Usage: drift.py GOODPUT ADMIN HEALTHY SUSPECT REQUESTS OUT.json
 """
 
 import json
+import random
 import sys
 import threading
 import time
@@ -36,8 +37,15 @@ def metrics():
 mix = [json.loads(line)["messages"] for line in open("scripts/eval/chat-prompts.jsonl", encoding="utf-8")]
 
 
+# The prompts in a seeded random order: round robin alternates replicas by arrival, so the mix
+# in file order would send one replica the even prompts and the other the odd ones, and any
+# difference between those halves would read as drift.
+order = [i % len(mix) for i in range(n_req)]
+random.Random(7).shuffle(order)
+
+
 def ask(i):
-    body = {"model": "smollm2", "max_tokens": 48, "messages": mix[i % len(mix)]}
+    body = {"model": "smollm2", "max_tokens": 48, "messages": mix[order[i]]}
     http(f"http://{gp}/v1/chat/completions", json.dumps(body).encode())
 
 
