@@ -244,15 +244,11 @@ impl Engine {
         samples + judge
     }
 
+    /// One check: re-sample, split the response into sentences, score them by each configured
+    /// method, report. A check that cannot be made is counted as skipped or failed.
     async fn check(self: Arc<Self>, job: ConsistencyJob) {
-        let c = &self.cfg;
         let snap = self.config.load_full();
         let Some(backend) = snap.backends.iter().find(|b| b.name == job.of.backend).cloned() else { return };
-        let judge = c
-            .judge_backend
-            .as_ref()
-            .and_then(|j| snap.backends.iter().find(|b| &*b.name == j.as_str()).cloned())
-            .unwrap_or_else(|| backend.clone());
         if serde_json::from_slice::<Map<String, Value>>(&job.request).is_err() {
             self.metrics.shadow_skipped.with_label_values(&["bad_request"]).inc();
             return;
@@ -272,64 +268,29 @@ impl Engine {
             return;
         }
         let mut per_method: Vec<(Method, Vec<f64>)> = Vec::new();
-        for m in &c.methods {
+        for &m in &self.cfg.methods {
             let scores = match m {
-                Method::Unigram => {
-                    let (s, resp, samp) = (sentences.clone(), job.response.clone(), samples.clone());
-                    // CPU work off the tokio workers.
-                    let r = tokio::task::spawn_blocking(move || {
-                        let refs: Vec<&str> = s.iter().map(String::as_str).collect();
-                        let samp: Vec<&str> = samp.iter().map(String::as_str).collect();
-                        ngram::score(&refs, &resp, &samp)
-                    })
-                    .await;
-                    match r {
-                        Ok(n) => n.avg_neg_logprob.iter().map(|&v| ngram::bounded(v)).collect(),
-                        Err(_) => continue,
-                    }
-                }
-                Method::Embedding => {
-                    let Some(emb) = &self.embedder else { continue };
-                    match emb.score(sentences.clone(), samples.clone()).await {
-                        Ok(v) => v,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "embedding failed");
-                            continue;
-                        }
-                    }
-                }
+                Method::Unigram => unigram(&sentences, &job.response, &samples).await,
+                Method::Embedding => self.embedding(&sentences, &samples).await,
                 Method::Prompt => {
-                    let model = c
-                        .judge_model
-                        .clone()
-                        .or_else(|| request_model(&job.request))
-                        .unwrap_or_else(|| job.of.model.to_string());
-                    let mut scores = Vec::new();
-                    for s in sentences.iter().take(c.max_sentences) {
-                        let mut calls = tokio::task::JoinSet::new();
-                        for sample in &samples {
-                            let body = Bytes::from(judge_body(&model, sample, s, c.priority));
-                            let (this, to) = (self.clone(), judge.clone());
-                            calls.spawn(async move {
-                                let answer = this.call(&to, "", "/v1/chat/completions", body, "judge").await;
-                                answer.ok().and_then(|mut choices| choices.drain(..).next())
-                            });
-                        }
-                        let mut sum = 0.0;
-                        let mut n = 0;
-                        while let Some(r) = calls.join_next().await {
-                            if let Ok(Some(answer)) = r {
-                                sum += judge_answer(&answer);
-                                n += 1;
-                            }
-                        }
-                        scores.push(if n > 0 { sum / n as f64 } else { f64::NAN });
-                    }
-                    scores
+                    let judge = self
+                        .cfg
+                        .judge_backend
+                        .as_ref()
+                        .and_then(|j| snap.backends.iter().find(|b| &*b.name == j.as_str()));
+                    Some(self.ask_judge(judge.unwrap_or(&backend), &job, &sentences, &samples).await)
                 }
             };
-            per_method.push((*m, scores));
+            if let Some(scores) = scores {
+                per_method.push((m, scores));
+            }
         }
+        self.report(&job, per_method, samples.len());
+    }
+
+    /// The check's score (the first method's mean over its sentences) to the recorder, and
+    /// every method's to the metrics.
+    fn report(&self, job: &ConsistencyJob, per_method: Vec<(Method, Vec<f64>)>, samples: usize) {
         let Some((method, primary)) = per_method.first() else { return };
         let mean = |v: &[f64]| {
             let ok: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
@@ -343,10 +304,9 @@ impl Engine {
             per_method.iter().filter_map(|(m, v)| mean(v).map(|s| (*m, s))).collect();
         let labels = job.of.labels();
         for (m, s) in &method_scores {
-            let name = m.as_str();
             self.metrics
                 .consistency_score
-                .with_label_values(&[labels[0], labels[1], labels[2], name])
+                .with_label_values(&[labels[0], labels[1], labels[2], m.as_str()])
                 .observe(*s);
         }
         self.metrics.consistency_checked.with_label_values(&labels).inc();
@@ -356,8 +316,58 @@ impl Engine {
             score,
             sentence_scores: primary.clone(),
             method_scores,
-            samples: samples.len(),
+            samples,
         }));
+    }
+
+    /// Each sentence against the samples with the sentence encoder (`None`: none configured, or
+    /// it failed).
+    async fn embedding(&self, sentences: &[String], samples: &[String]) -> Option<Vec<f64>> {
+        let emb = self.embedder.as_ref()?;
+        emb.score(sentences.to_vec(), samples.to_vec())
+            .await
+            .inspect_err(|e| tracing::warn!(error = %e, "embedding failed"))
+            .ok()
+    }
+
+    /// SelfCheckGPT's prompt variant: `judge` answers, per sentence and sample, whether the
+    /// sample supports the sentence; the sentence's score is the mean over the samples that
+    /// got an answer (NaN when none did).
+    async fn ask_judge(
+        self: &Arc<Self>,
+        judge: &Arc<ResolvedBackend>,
+        job: &ConsistencyJob,
+        sentences: &[String],
+        samples: &[String],
+    ) -> Vec<f64> {
+        let c = &self.cfg;
+        let model = c
+            .judge_model
+            .clone()
+            .or_else(|| request_model(&job.request))
+            .unwrap_or_else(|| job.of.model.to_string());
+        let mut scores = Vec::new();
+        for s in sentences.iter().take(c.max_sentences) {
+            let mut calls = tokio::task::JoinSet::new();
+            for sample in samples {
+                let body = Bytes::from(judge_body(&model, sample, s, c.priority));
+                let (this, to) = (self.clone(), judge.clone());
+                calls.spawn(async move {
+                    let answer = this.call(&to, "", "/v1/chat/completions", body, "judge").await;
+                    answer.ok().and_then(|mut choices| choices.drain(..).next())
+                });
+            }
+            let mut sum = 0.0;
+            let mut n = 0;
+            while let Some(r) = calls.join_next().await {
+                if let Ok(Some(answer)) = r {
+                    sum += judge_answer(&answer);
+                    n += 1;
+                }
+            }
+            scores.push(if n > 0 { sum / n as f64 } else { f64::NAN });
+        }
+        scores
     }
 
     /// The K re-samples of `request` from `backend`, as `resample` says: one request with
@@ -497,6 +507,20 @@ impl Engine {
         }
         Ok(choices.into_values().collect())
     }
+}
+
+/// Each sentence's unigram score against the samples (`None`: the blocking task failed). CPU
+/// work, off the tokio workers.
+async fn unigram(sentences: &[String], response: &str, samples: &[String]) -> Option<Vec<f64>> {
+    let (s, resp, samp) = (sentences.to_vec(), response.to_string(), samples.to_vec());
+    let n = tokio::task::spawn_blocking(move || {
+        let refs: Vec<&str> = s.iter().map(String::as_str).collect();
+        let samp: Vec<&str> = samp.iter().map(String::as_str).collect();
+        ngram::score(&refs, &resp, &samp)
+    })
+    .await
+    .ok()?;
+    Some(n.avg_neg_logprob.iter().map(|&v| ngram::bounded(v)).collect())
 }
 
 fn request_model(request: &[u8]) -> Option<String> {
