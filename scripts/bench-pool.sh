@@ -7,7 +7,7 @@
 # VLLM_A / VLLM_B name running ones.
 #
 #   RATE=2.5 DURATION=60 REPS=2 SLO_MS=1000 SLO_GRID=500,1000,2000,4000 WORKLOADS=prefix,mix,skew
-#   [DTYPE=bfloat16|float32] scripts/bench-pool.sh
+#   [VLLM_DTYPE=fastest|bfloat16|float32] scripts/bench-pool.sh
 #
 # The defaults are BENCHMARKS.md's run: at 2.5 requests/s round robin's attainment of a 1 s
 # TTFT falls below 90% on the shared prefixes.
@@ -15,9 +15,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 RATE="${RATE:-2.5}" DURATION="${DURATION:-60}" REPS="${REPS:-2}" SLO_MS="${SLO_MS:-1000}"
 WORKLOADS="${WORKLOADS:-prefix,mix,skew}" SLO_GRID="${SLO_GRID:-500,1000,2000,4000}"
-# The replicas' precision: bfloat16 where the CPU computes it (AVX-512 BF16), else float32, which
-# is faster than emulated bfloat16 (scripts/run-vllm.sh). Routing is compared, not scores.
-DTYPE="${DTYPE:-$(grep -qw avx512_bf16 /proc/cpuinfo && echo bfloat16 || echo float32)}"
+# The replicas' precision: by default the fastest this CPU computes (scripts/run-vllm.sh).
+# Routing is compared, not scores.
+export VLLM_DTYPE="${VLLM_DTYPE:-fastest}"
 read -r VENV _ <<< "$(scripts/setup-vllm.sh | tail -1)"
 cargo build --release --quiet
 OUT=target/bench; mkdir -p "$OUT"
@@ -29,7 +29,7 @@ if [ -z "${VLLM_A:-}" ]; then
   for core in 0 1; do
     port=$((18031 + core))
     VLLM_CPU_OMP_THREADS_BIND=$core VLLM_PORT=$port setsid scripts/run-vllm.sh --max-num-seqs 4 \
-      --num-gpu-blocks-override 32 --dtype "$DTYPE" > "$OUT/pool-vllm-$port.log" 2>&1 &
+      --num-gpu-blocks-override 32 > "$OUT/pool-vllm-$port.log" 2>&1 &
     PIDS+=($!)
   done
   VLLM_A=http://127.0.0.1:18031 VLLM_B=http://127.0.0.1:18032

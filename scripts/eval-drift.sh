@@ -8,8 +8,8 @@
 #   HEALTHY_URL=http://127.0.0.1:18021 scripts/eval-drift.sh
 #   SCENARIOS="sampling:1.8 weights:2" REQUESTS=60 HEALTHY_URL=... scripts/eval-drift.sh
 #
-# DTYPE: the suspects' precision, bfloat16 where the CPU computes it (AVX-512 BF16), else float32
-# (start the healthy replica with the same --dtype).
+# VLLM_DTYPE: the suspects' precision, by default the fastest this CPU computes (bfloat16 with
+# AVX-512 BF16, else float32; scripts/run-vllm.sh). Start the healthy replica with the same.
 #
 # HEALTHY_URL: a running scripts/run-vllm.sh. Each scenario's replica is started on
 # SUSPECT_PORT (minutes: vLLM's warm-up compile) and stopped after, computing on SUSPECT_CORE
@@ -22,7 +22,7 @@ SCENARIOS="${SCENARIOS:-healthy:- sampling:1.8 weights:2 weights:4 template:no-a
 REQUESTS="${REQUESTS:-64}"
 SUSPECT_PORT="${SUSPECT_PORT:-18023}"
 SUSPECT_CORE="${SUSPECT_CORE:-1}"
-DTYPE="${DTYPE:-$(grep -qw avx512_bf16 /proc/cpuinfo && echo bfloat16 || echo float32)}"
+export VLLM_DTYPE="${VLLM_DTYPE:-fastest}"
 OUT=target/eval
 mkdir -p "$OUT"
 MODEL_DIR="$(scripts/setup-models.sh | tail -1)"
@@ -40,9 +40,9 @@ for sc in $SCENARIOS; do
   name="${sc%%:*}" level="${sc#*:}"
   log="$OUT/drift-$name-$level.vllm.log"
   if [ "$name" = healthy ]; then
-    VLLM_CPU_OMP_THREADS_BIND="$SUSPECT_CORE" VLLM_PORT="$SUSPECT_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 --dtype "$DTYPE" > "$log" 2>&1 &
+    VLLM_CPU_OMP_THREADS_BIND="$SUSPECT_CORE" VLLM_PORT="$SUSPECT_PORT" setsid nice -n 10 scripts/run-vllm.sh --max-num-seqs 4 > "$log" 2>&1 &
   else
-    VLLM_CPU_OMP_THREADS_BIND="$SUSPECT_CORE" VLLM_PORT="$SUSPECT_PORT" setsid nice -n 10 scripts/run-vllm-degraded.sh "$name" "$level" --max-num-seqs 4 --dtype "$DTYPE" > "$log" 2>&1 &
+    VLLM_CPU_OMP_THREADS_BIND="$SUSPECT_CORE" VLLM_PORT="$SUSPECT_PORT" setsid nice -n 10 scripts/run-vllm-degraded.sh "$name" "$level" --max-num-seqs 4 > "$log" 2>&1 &
   fi
   suspect=$!
   for _ in $(seq 900); do

@@ -7,13 +7,18 @@
 # most of it a warm-up compile. VLLM_CPU_OMP_THREADS_BIND (vLLM's own) names the core(s) the
 # engine computes on: its default, auto, binds every instance on a host to the same core (core 0
 # here, the other kept for the API server), so each replica of a pool on one machine needs its own.
-# float32, the reference scorer's precision: on a CPU without AVX-512 (bfloat16 instructions),
-# vLLM's bfloat16 is emulated and about 2.5x slower; where AVX-512 BF16 exists, pass --dtype bfloat16.
+# VLLM_DTYPE: float32 (the default, the reference scorer's precision), bfloat16, or `fastest`:
+# bfloat16 where the CPU computes it (AVX-512 BF16), else float32, since on a CPU without it
+# vLLM's bfloat16 is emulated and about 2.5x slower. A --dtype argument overrides it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r VENV MODEL <<< "$(scripts/setup-vllm.sh | tail -1)"
 MODEL="${VLLM_MODEL:-$MODEL}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
+DTYPE="${VLLM_DTYPE:-float32}"
+if [ "$DTYPE" = fastest ]; then
+  if grep -qw avx512_bf16 /proc/cpuinfo; then DTYPE=bfloat16; else DTYPE=float32; fi
+fi
 exec "$VENV/bin/python" -m vllm.entrypoints.openai.api_server --model "$MODEL" \
   --served-model-name smollm2 --host 127.0.0.1 --port "${VLLM_PORT:-8021}" \
-  --max-model-len 2048 --dtype float32 "$@"
+  --max-model-len 2048 --dtype "$DTYPE" "$@"
