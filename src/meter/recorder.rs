@@ -267,13 +267,17 @@ struct Thread {
     drift_exported: Vec<[String; 3]>,
 }
 
-/// A backend's or a class's windows, made on its first record and resized on a reload.
+/// A backend's or a class's windows, made on its first record (the only one that allocates its
+/// key) and resized on a reload.
 fn windows_of<'a>(
     ws: &'a mut HashMap<String, BackendWindows>,
     key: &str,
     snap: &crate::config::reload::Snapshot,
 ) -> &'a mut BackendWindows {
-    ws.entry(key.to_string()).or_insert_with(|| BackendWindows::new(snap)).resize(snap)
+    if !ws.contains_key(key) {
+        ws.insert(key.to_string(), BackendWindows::new(snap));
+    }
+    ws.get_mut(key).expect("inserted above").resize(snap)
 }
 
 impl Thread {

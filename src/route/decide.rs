@@ -464,6 +464,7 @@ fn by_objective(obj: Objective, cands: &[Candidate], pool: &Indices, d: Draw) ->
     let i = if cands[y].outstanding < cands[x].outstanding { y } else { x };
     (i, near.len())
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

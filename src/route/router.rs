@@ -688,15 +688,13 @@ impl Router {
         if let Some(why) = self.shed(snap, route, ask, &class) {
             return Choice::refused(false, Some(why));
         }
-        let Some(decided) = decide_and_claim(&class, &mut cands, snap, route, ask, draw) else {
+        let Some(Decided { k, reason, least_loaded, sample }) =
+            decide_and_claim(&class, &mut cands, snap, route, ask, draw)
+        else {
             return Choice::refused(true, None);
         };
-        let Decided { k, least_loaded, sample, .. } = decided;
-        let reason = if tried.is_empty() && ask.tried_endpoints.is_empty() {
-            decided.reason
-        } else {
-            Reason::Failover
-        };
+        let reason =
+            if tried.is_empty() && ask.tried_endpoints.is_empty() { reason } else { Reason::Failover };
         let backend = route.candidates[k];
         let b = &snap.backends[backend];
         let blocks = match ask.prompt {

@@ -249,10 +249,10 @@ impl Engine {
     async fn check(self: Arc<Self>, job: ConsistencyJob) {
         let snap = self.config.load_full();
         let Some(backend) = snap.backends.iter().find(|b| b.name == job.of.backend).cloned() else { return };
-        if serde_json::from_slice::<Map<String, Value>>(&job.request).is_err() {
+        let Ok(request) = serde_json::from_slice::<Map<String, Value>>(&job.request) else {
             self.metrics.shadow_skipped.with_label_values(&["bad_request"]).inc();
             return;
-        }
+        };
         let path = match job.operation {
             Operation::Chat => "/v1/chat/completions",
             Operation::Completion => "/v1/completions",
@@ -278,7 +278,8 @@ impl Engine {
                         .judge_backend
                         .as_ref()
                         .and_then(|j| snap.backends.iter().find(|b| &*b.name == j.as_str()));
-                    Some(self.ask_judge(judge.unwrap_or(&backend), &job, &sentences, &samples).await)
+                    let model = judge_model(self.cfg.judge_model.as_deref(), &request, &job.of.model);
+                    Some(self.ask_judge(judge.unwrap_or(&backend), model, &sentences, &samples).await)
                 }
             };
             if let Some(scores) = scores {
@@ -336,21 +337,16 @@ impl Engine {
     async fn ask_judge(
         self: &Arc<Self>,
         judge: &Arc<ResolvedBackend>,
-        job: &ConsistencyJob,
+        model: &str,
         sentences: &[String],
         samples: &[String],
     ) -> Vec<f64> {
         let c = &self.cfg;
-        let model = c
-            .judge_model
-            .clone()
-            .or_else(|| request_model(&job.request))
-            .unwrap_or_else(|| job.of.model.to_string());
         let mut scores = Vec::new();
         for s in sentences.iter().take(c.max_sentences) {
             let mut calls = tokio::task::JoinSet::new();
             for sample in samples {
-                let body = Bytes::from(judge_body(&model, sample, s, c.priority));
+                let body = Bytes::from(judge_body(model, sample, s, c.priority));
                 let (this, to) = (self.clone(), judge.clone());
                 calls.spawn(async move {
                     let answer = this.call(&to, "", "/v1/chat/completions", body, "judge").await;
@@ -523,10 +519,6 @@ async fn unigram(sentences: &[String], response: &str, samples: &[String]) -> Op
     Some(n.avg_neg_logprob.iter().map(|&v| ngram::bounded(v)).collect())
 }
 
-fn request_model(request: &[u8]) -> Option<String> {
-    serde_json::from_slice::<Value>(request).ok()?.get("model")?.as_str().map(str::to_string)
-}
-
 /// The re-sample request: the client's body with temperature set, one non-streamed choice, no
 /// seed (a seed would make every re-sample the same), max_tokens capped, and the optional
 /// priority. `None` when the body is not a JSON object.
@@ -559,6 +551,15 @@ pub fn shadow_body(request: &[u8], c: &ConsistencyConfig, n: usize) -> Option<Ve
 }
 
 /// SelfCheck-Prompt's question, as a chat request at temperature 0.
+/// The judge's model: as configured, else the one the client asked for, else the record's.
+fn judge_model<'a>(
+    configured: Option<&'a str>,
+    request: &'a Map<String, Value>,
+    recorded: &'a str,
+) -> &'a str {
+    configured.or_else(|| request.get("model").and_then(Value::as_str)).unwrap_or(recorded)
+}
+
 pub fn judge_body(model: &str, sample: &str, sentence: &str, priority: Option<i64>) -> Vec<u8> {
     let prompt = format!(
         "Context: {sample}\nSentence: {sentence}\nIs the sentence supported by the context above? Answer Yes or No.\nAnswer: "
@@ -592,6 +593,16 @@ pub fn judge_answer(answer: &str) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_judge_model_is_the_configured_one_else_the_requests_else_the_records() {
+        let req: Map<String, Value> = serde_json::from_str(r#"{"model":"asked","messages":[]}"#).unwrap();
+        assert_eq!(judge_model(Some("judge"), &req, "recorded"), "judge");
+        assert_eq!(judge_model(None, &req, "recorded"), "asked");
+        assert_eq!(judge_model(None, &Map::new(), "recorded"), "recorded");
+        let odd: Map<String, Value> = serde_json::from_str(r#"{"model":7}"#).unwrap();
+        assert_eq!(judge_model(None, &odd, "recorded"), "recorded");
+    }
 
     fn cfg() -> ConsistencyConfig {
         serde_yaml_ng::from_str("priority: 5\nmax_tokens: 64\n").unwrap()
