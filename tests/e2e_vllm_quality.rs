@@ -3,23 +3,25 @@
 //! `scripts/eval/facts.tsv`. `healthy` is asked at temperature 0.7; `gibberish` at 1.8, where
 //! SmolLM2's answers fall apart. goodput checks every response with the consistency setup of
 //! the reference config (`embedding` first, calibrated on `healthy` with the error rate the
-//! labelled evaluation measured), and must report a rate well below one half for `healthy`, a
-//! clearly higher one for `gibberish`, and effective TPS that puts `healthy` first; a class
-//! bounded by the rate then routes away from `gibberish`.
+//! labelled evaluation measured). Every answer is labelled as the evaluation labels it, so the
+//! test knows the error rate goodput should report. goodput must report a rate for `healthy`
+//! near the stated one, whose interval meets the observed error rate's; a clearly higher one
+//! for `gibberish`; and effective TPS that puts `healthy` first. A class bounded by the rate
+//! then routes away from `gibberish`.
 
 use crate::common::vllm::*;
 use crate::common::*;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-/// The stated error rate of SmolLM2 on these questions (README, "Hallucination rate"), as the
-/// reference config states it.
-const REFERENCE_RATE: f64 = 0.36;
+/// The stated error rate of SmolLM2 on these questions and how many labelled answers it was
+/// measured on (README, "Hallucination rate"), as the reference config states them.
+const REFERENCE_RATE: f64 = 0.34;
+const REFERENCE_LABELLED: usize = 90;
 /// The threshold is a quantile of these checks' scores, so their number sets how far the later
 /// rate may wander from REFERENCE_RATE. With 12, one full run (2026-12-05) got a threshold
-/// that sat low and a healthy rate of 10 in 15; with 20 the quantile's spread is a fifth
-/// smaller, and a rate that high several times less likely.
-const CALIBRATION_CHECKS: usize = 20;
+/// that sat low and a healthy rate of 10 in 15.
+const CALIBRATION_CHECKS: usize = 40;
 
 fn facts() -> Vec<(String, String, Vec<String>)> {
     std::fs::read_to_string("scripts/eval/facts.tsv")
@@ -77,7 +79,7 @@ quality:
     max_token_share: 100
     max_concurrent: 4
     queue_capacity: 256
-    calibration: {{reference_backend: healthy, checks: {CALIBRATION_CHECKS}, reference_rate: {REFERENCE_RATE}}}
+    calibration: {{reference_backend: healthy, checks: {CALIBRATION_CHECKS}, reference_rate: {REFERENCE_RATE}, reference_labelled: {REFERENCE_LABELLED}}}
 "#,
         a.url, b.url
     )
@@ -149,11 +151,22 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
     let env = |k: &str| std::env::var(k).unwrap_or_else(|_| panic!("{k} is not set: run scripts/test.sh"));
     let gp = Goodput::start(&config(&a, &b, &env("GOODPUT_EMBED_DIR"), &env("ORT_DYLIB_PATH")));
     let facts = facts();
-    let (reference, rest) = facts.split_at(CALIBRATION_CHECKS);
-    let later = &rest[..14];
+    // Healthy traffic is traffic like the reference period's, so later traffic asks the same
+    // questions again (each answer sampled anew). How a threshold carries over to questions it
+    // never saw is the labelled evaluation's part (scripts/eval-hallucination.sh; README): on
+    // so few questions, the mix of the two sets moves the rate more than the model does. Here
+    // a threshold set on facts.tsv's first 50 questions (capitals and symbols) read the years
+    // after them as 0.58 and 0.65 where 0.45 and 0.40 of the answers were wrong, and one set on
+    // every other question read the rest as 0.51 and 0.61 against 0.35 and 0.39.
+    // Every other question: each kind in facts.tsv (capitals, symbols, years, general) is in.
+    let reference: Vec<_> = facts.iter().step_by(2).take(CALIBRATION_CHECKS).cloned().collect();
+    // Twice each: the rate's own sampling error is then well under the margin to one half.
+    let later: Vec<_> = reference.iter().chain(&reference).cloned().collect();
+    // Gibberish is plain from a few answers.
+    let later_gibberish = &reference[..20];
 
     // The reference period: `healthy`'s first checks set the threshold.
-    let mut healthy = ask(&gp, "healthy", 0.7, reference).await;
+    let mut healthy = ask(&gp, "healthy", 0.7, &reference).await;
     let b0 = checks_done(&gp, reference.len()).await;
     let src = &backend(&b0, "healthy")["consistency_rate"];
     assert_eq!(
@@ -163,46 +176,71 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
     );
 
     // Then both kinds of traffic, side by side, judged against that threshold.
-    let (h, g) = tokio::join!(ask(&gp, "healthy", 0.7, later), ask(&gp, "gibberish", 1.8, later));
+    let (h, g) = tokio::join!(ask(&gp, "healthy", 0.7, &later), ask(&gp, "gibberish", 1.8, later_gibberish));
     healthy.extend(h);
-    let bk = checks_done(&gp, reference.len() + 2 * later.len()).await;
+    let bk = checks_done(&gp, reference.len() + later.len() + later_gibberish.len()).await;
     let (hb, gb) = (backend(&bk, "healthy"), backend(&bk, "gibberish"));
     let rate = |x: &Value| x["window"]["quality"]["hallucination_rate"].as_f64();
     let eff = |x: &Value| x["window"]["goodput"]["effective_tps"].as_f64();
+    let interval = |x: &Value| {
+        let ci = &x["window"]["quality"]["hallucination_rate_interval"];
+        (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap())
+    };
     let wrong = |v: &[bool]| v.iter().filter(|ok| !**ok).count() as f64 / v.len() as f64;
     println!(
-        "healthy: rate {:?} over {} rated, {:.2} of its answers wrong, effective TPS {:?}\n\
-         gibberish: rate {:?} over {} rated, {:.2} wrong, effective TPS {:?}",
+        "healthy: rate {:?} {:?} over {} rated, {:.2} of its answers wrong, effective TPS {:?}\n\
+         gibberish: rate {:?} {:?} over {} rated, {:.2} wrong, effective TPS {:?}",
         rate(hb),
+        interval(hb),
         hb["window"]["quality"]["consistency_rated"],
         wrong(&healthy),
         eff(hb),
         rate(gb),
+        interval(gb),
         gb["window"]["quality"]["consistency_rated"],
         wrong(&g),
         eff(gb),
     );
     assert_eq!(gb["consistency_rate"]["state"], "calibrated", "{}", gb["consistency_rate"]);
     let (hr, gr) = (rate(hb).expect("healthy has a rate"), rate(gb).expect("gibberish has a rate"));
-    // The threshold's share of the reference is REFERENCE_RATE; later healthy answers land
-    // near it (twenty checks set it, so not exactly), gibberish nearly all above.
-    assert!(hr < 0.65, "healthy rate {hr}");
+    // The threshold's share of the reference is REFERENCE_RATE, and later healthy answers
+    // land near it, gibberish nearly all above. Near, not on: forty checks set the threshold,
+    // so one run's rate spreads about 0.08 around it. It read below one half in every run
+    // measured (BENCHMARKS.md); the bound leaves room for that spread, so that the test fails
+    // for a broken calibration, not for an unlucky one.
+    assert!(hr < 0.6, "healthy rate {hr}");
     assert!(gr > 0.85 && gr - hr > 0.3, "gibberish rate {gr} against healthy {hr}");
     assert!(wrong(&g) > 0.8, "temperature 1.8 did not give gibberish: {:.2} wrong", wrong(&g));
+    // The rate matches the labels: each backend's 95% interval (which carries the calibration's
+    // own uncertainty) meets the 95% interval of the share of its answers that were wrong.
+    // The healthy share is over every healthy answer, the reference period's too: the same
+    // traffic, and more of it than the rated answers alone. Per answer, a 135M judge is weak
+    // (README), so the rate itself can sit a tenth from the share; and gibberish read 19 of 20
+    // where all 20 were wrong, whose interval ends at 0.99.
+    for (name, b, answers) in [("healthy", hb, &healthy), ("gibberish", gb, &g)] {
+        let (lo, hi) = interval(b);
+        let k = answers.iter().filter(|ok| !**ok).count() as u64;
+        let (wlo, whi) = goodput::goodput::wilson(k, answers.len() as u64, 1.96).unwrap();
+        assert!(
+            lo <= whi && wlo <= hi,
+            "{name}: {k} of {} answers wrong ({wlo:.2}–{whi:.2}), apart from the rate's interval \
+             [{lo:.2}, {hi:.2}]",
+            answers.len()
+        );
+    }
     let (he, ge) = (eff(hb).expect("healthy effective TPS"), eff(gb).expect("gibberish effective TPS"));
     assert!(he > ge, "effective TPS: healthy {he}, gibberish {ge}");
-    // Both carry the interval of a calibration on twenty checks: wide, and around the rate.
+    // Both intervals lie around their rates.
     for (b, r) in [(hb, hr), (gb, gr)] {
-        let ci = &b["window"]["quality"]["hallucination_rate_interval"];
-        let (lo, hi) = (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap());
-        assert!(lo <= r && r <= hi && lo < hi, "{r} not in {ci}");
+        let (lo, hi) = interval(b);
+        assert!(lo <= r && r <= hi && lo < hi, "{r} not in [{lo}, {hi}]");
         let e = &b["window"]["goodput"]["effective_tps_interval"];
         assert!(e[0].as_f64().unwrap() <= e[1].as_f64().unwrap(), "{e}");
     }
 
     // A class bounded at 0.5 routes by the interval: gibberish, the cheaper backend, is
     // confidently over the bound and out; healthy, whose interval reaches below it, is chosen.
-    assert_eq!(ask(&gp, "either", 0.7, &rest[14..15]).await.len(), 1);
+    assert_eq!(ask(&gp, "either", 0.7, &facts[1..2]).await.len(), 1);
     let routes = gp.admin_json("/admin/routes").await;
     let e = routes["recent_decisions"][0]["explanation"].as_str().unwrap();
     println!("decision: {e}");
