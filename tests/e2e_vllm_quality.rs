@@ -19,8 +19,8 @@ use std::time::{Duration, Instant};
 const REFERENCE_RATE: f64 = 0.34;
 const REFERENCE_LABELLED: usize = 90;
 /// The threshold is a quantile of these checks' scores, so their number sets how far the later
-/// rate may wander from REFERENCE_RATE. With 12, one full run (2026-12-05) got a threshold
-/// that sat low and a healthy rate of 10 in 15.
+/// rate may wander from REFERENCE_RATE: about √(0.34 · 0.66 / 40) ≈ 0.075 with 40. With 12, one
+/// full run (2026-12-05) got a threshold that sat low and a healthy rate of 10 in 15.
 const CALIBRATION_CHECKS: usize = 40;
 
 fn facts() -> Vec<(String, String, Vec<String>)> {
@@ -160,7 +160,8 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
     // every other question read the rest as 0.51 and 0.61 against 0.35 and 0.39.
     // Every other question: each kind in facts.tsv (capitals, symbols, years, general) is in.
     let reference: Vec<_> = facts.iter().step_by(2).take(CALIBRATION_CHECKS).cloned().collect();
-    // Twice each: the rate's own sampling error is then well under the margin to one half.
+    // Twice each, so that the later answers' own sampling adds little to the threshold's
+    // spread (below).
     let later: Vec<_> = reference.iter().chain(&reference).cloned().collect();
     // Gibberish is plain from a few answers.
     let later_gibberish = &reference[..20];
@@ -215,8 +216,9 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
     // own uncertainty) meets the 95% interval of the share of its answers that were wrong.
     // The healthy share is over every healthy answer, the reference period's too: the same
     // traffic, and more of it than the rated answers alone. Per answer, a 135M judge is weak
-    // (README), so the rate itself can sit a tenth from the share; and gibberish read 19 of 20
-    // where all 20 were wrong, whose interval ends at 0.99.
+    // (README), so the rate itself can sit a tenth from the share. A point would not do for
+    // gibberish either: one run read 19 of 20 where all 20 were wrong, and the interval of 19
+    // in 20 ends at 0.99.
     for (name, b, answers) in [("healthy", hb, &healthy), ("gibberish", gb, &g)] {
         let (lo, hi) = interval(b);
         let k = answers.iter().filter(|ok| !**ok).count() as u64;
