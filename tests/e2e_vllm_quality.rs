@@ -187,7 +187,8 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
         let ci = &x["window"]["quality"]["hallucination_rate_interval"];
         (ci[0].as_f64().unwrap(), ci[1].as_f64().unwrap())
     };
-    let wrong = |v: &[bool]| v.iter().filter(|ok| !**ok).count() as f64 / v.len() as f64;
+    let wrong_count = |v: &[bool]| v.iter().filter(|ok| !**ok).count();
+    let wrong = |v: &[bool]| wrong_count(v) as f64 / v.len() as f64;
     println!(
         "healthy: rate {:?} {:?} over {} rated, {:.2} of its answers wrong, effective TPS {:?}\n\
          gibberish: rate {:?} {:?} over {} rated, {:.2} wrong, effective TPS {:?}",
@@ -221,7 +222,7 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
     // in 20 ends at 0.99.
     for (name, b, answers) in [("healthy", hb, &healthy), ("gibberish", gb, &g)] {
         let (lo, hi) = interval(b);
-        let k = answers.iter().filter(|ok| !**ok).count() as u64;
+        let k = wrong_count(answers) as u64;
         let (wlo, whi) = goodput::goodput::wilson(k, answers.len() as u64, 1.96).unwrap();
         assert!(
             lo <= whi && wlo <= hi,

@@ -550,7 +550,6 @@ pub fn shadow_body(request: &[u8], c: &ConsistencyConfig, n: usize) -> Option<Ve
     serde_json::to_vec(&v).ok()
 }
 
-/// SelfCheck-Prompt's question, as a chat request at temperature 0.
 /// The judge's model: as configured, else the one the client asked for, else the record's.
 fn judge_model<'a>(
     configured: Option<&'a str>,
@@ -560,6 +559,7 @@ fn judge_model<'a>(
     configured.or_else(|| request.get("model").and_then(Value::as_str)).unwrap_or(recorded)
 }
 
+/// SelfCheck-Prompt's question, as a chat request at temperature 0.
 pub fn judge_body(model: &str, sample: &str, sentence: &str, priority: Option<i64>) -> Vec<u8> {
     let prompt = format!(
         "Context: {sample}\nSentence: {sentence}\nIs the sentence supported by the context above? Answer Yes or No.\nAnswer: "
