@@ -25,9 +25,12 @@ done
 python3 - "$out" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-by = {}
+by, embed = {}, {}
 for r in rows:
-    by.setdefault((r["shape"], r["impl"]), []).append(r["tokens_per_s"])
+    if "sentences_per_s" in r:  # the sentence encoder's rows (GOODPUT_EMBED_DIR set)
+        embed.setdefault(r["shape"], []).append(r["sentences_per_s"])
+    else:
+        by.setdefault((r["shape"], r["impl"]), []).append(r["tokens_per_s"])
 print(f"| shape | implementation | tokens/s (median of rounds) | goodput ÷ this |")
 print("|---|---|---|---|")
 for shape in ["1x512", "8x128"]:
@@ -35,5 +38,7 @@ for shape in ["1x512", "8x128"]:
     for impl in ["goodput (ort)", "Python onnxruntime", "llama.cpp (llama-cpp-python)"]:
         v = statistics.median(by[(shape, impl)])
         print(f"| {shape} | {impl} | {v:.0f} | {ours / v:.2f} |")
+for shape, v in embed.items():
+    print(f"| sentence encoder, {shape} | goodput embedding (ort) | {statistics.median(v):.0f} sentences/s | |")
 PY
 rm -f "$out"
