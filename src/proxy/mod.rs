@@ -20,13 +20,12 @@ pub mod headers;
 pub mod meter;
 pub mod route;
 pub mod server;
+pub mod upstream;
 
 use bytes::Bytes;
 use http::{Request, Response, header};
 use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,7 +50,7 @@ pub struct Proxy {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub router: Arc<Router>,
-    client: Client<crate::tls::Connector, UpstreamBody>,
+    client: upstream::Client,
     ready: AtomicBool,
     /// Set on SIGTERM: /readyz answers 503 so that load balancers stop sending.
     pub draining: AtomicBool,
@@ -152,12 +151,7 @@ impl Proxy {
         sampling: Sampling,
         connector: crate::tls::Connector,
     ) -> Arc<Proxy> {
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(1024)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        let client = upstream::Client::new(connector);
         Arc::new(Proxy {
             config,
             recorder,
