@@ -151,44 +151,34 @@ impl Error {
 
     /// Classify a failure of hyper's client. A connect error has sent nothing; anything after
     /// the connection was made may have written the request.
-    /// The error of an upstream call: a connect failure (refused, timed out) left nothing at
-    /// the upstream; any other left the request there unless hyper gave it back unsent.
-    pub fn from_client(e: super::upstream::ClientError, connect_ms: u64) -> Error {
-        use super::upstream::ClientError;
+    pub fn from_client(e: hyper_util::client::legacy::Error, connect_ms: u64) -> Error {
         if chain(&e).any(|s| s.is::<http_body_util::LengthLimitError>()) {
             return Error::new(Kind::BodyTooLarge, "request body exceeds the limit")
                 .with_source(e)
                 .sent(true);
         }
-        match e {
-            ClientError::Connect(_) => {
-                let timed_out = chain(&e).any(|s| {
-                    s.downcast_ref::<std::io::Error>()
-                        .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
-                });
-                if timed_out {
-                    Error::new(
-                        Kind::UpstreamConnectTimeout,
-                        format!("could not connect to the upstream within {connect_ms} ms"),
-                    )
-                } else {
-                    Error::new(Kind::UpstreamConnect, "could not connect to the upstream")
-                }
-                .with_source(e)
+        if e.is_connect() {
+            let timed_out = chain(&e).any(|s| {
+                s.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            });
+            return if timed_out {
+                Error::new(
+                    Kind::UpstreamConnectTimeout,
+                    format!("could not connect to the upstream within {connect_ms} ms"),
+                )
+            } else {
+                Error::new(Kind::UpstreamConnect, "could not connect to the upstream")
             }
-            ClientError::Target(what) => Error::new(Kind::BadTarget, what),
-            ClientError::Send { written, .. } => {
-                Error::new(Kind::UpstreamProtocol, "upstream failed before answering")
-                    .with_source(e)
-                    .sent(written)
-            }
+            .with_source(e);
         }
+        Error::new(Kind::UpstreamProtocol, "upstream failed before answering").with_source(e).sent(true)
     }
 
+    /// The answer the client gets: the kind's status and an OpenAI-style error body.
     pub fn response(&self) -> Response<ProxyBody> {
         // The first cause below hyper-util's own wrapper ("client error (Connect)").
         let cause =
-            chain(self).skip(1).find(|s| !s.is::<super::upstream::ClientError>()).map(|s| s.to_string());
+            chain(self).skip(1).find(|s| !s.is::<hyper_util::client::legacy::Error>()).map(|s| s.to_string());
         let message = match cause {
             Some(cause) if self.kind.is_upstream() => format!("{}: {cause}", self.message),
             _ => self.message.clone(),

@@ -7,13 +7,14 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode, header};
 use http_body_util::{Either, Full};
+use hyper::body::Incoming;
 use std::time::{Duration, Instant};
 
 use super::admit::ClientBody;
 use super::error::{Error, Kind};
 use super::meter::MeteredRequest;
 use super::route::{self, Peer};
-use super::{Proxy, UpstreamBody, upstream};
+use super::{Proxy, UpstreamBody};
 use crate::config::reload::{ResolvedBackend, ResolvedRoute, Snapshot};
 use crate::openai::request::rewrite_model;
 use crate::route::{Endpoint, SloHeaders};
@@ -41,7 +42,7 @@ pub async fn forward(
     snap: &Snapshot,
     out: Outbound<'_>,
     metered: &mut Option<MeteredRequest>,
-) -> Result<(Response<upstream::Body>, Peer, Instant), Error> {
+) -> Result<(Response<Incoming>, Peer, Instant), Error> {
     let Outbound { mut parts, body, route, slo_headers, model, id, prompt } = out;
     let endpoints: usize = route.candidates.iter().map(|&i| snap.backends[i].state.endpoints().len()).sum();
     let can_failover = matches!(body, ClientBody::Whole(_)) && endpoints > 1;

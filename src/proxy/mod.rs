@@ -20,12 +20,13 @@ pub mod headers;
 pub mod meter;
 pub mod route;
 pub mod server;
-pub mod upstream;
 
 use bytes::Bytes;
 use http::{Request, Response, header};
 use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -50,7 +51,7 @@ pub struct Proxy {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub router: Arc<Router>,
-    client: upstream::Client,
+    client: Client<crate::tls::Connector, UpstreamBody>,
     ready: AtomicBool,
     /// Set on SIGTERM: /readyz answers 503 so that load balancers stop sending.
     pub draining: AtomicBool,
@@ -151,7 +152,12 @@ impl Proxy {
         sampling: Sampling,
         connector: crate::tls::Connector,
     ) -> Arc<Proxy> {
-        let client = upstream::Client::new(connector);
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(90))
+            .pool_max_idle_per_host(1024)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector);
         Arc::new(Proxy {
             config,
             recorder,
