@@ -83,21 +83,9 @@ pub async fn forward(
         let first_byte = Duration::from_millis(timeouts.first_byte_ms);
         let first_token_by = Instant::now() + first_byte;
         let sent = tokio::time::timeout(first_byte, proxy.client.request(req)).await;
-        let err = match sent {
-            Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
-                // goodput strips Upgrade, so no request asked for this: relaying it would leave
-                // client and upstream speaking different protocols on the connection. Dropping
-                // the answer closes that upstream connection.
-                Error::new(Kind::UpstreamUpgrade, "upstream switched protocols without being asked")
-                    .sent(true)
-            }
-            Ok(Ok(resp)) => return Ok((resp, peer, first_token_by)),
-            Ok(Err(e)) => Error::from_client(e, timeouts.connect_ms),
-            Err(_) => Error::new(
-                Kind::UpstreamFirstByteTimeout,
-                format!("upstream sent no response headers within {} ms", timeouts.first_byte_ms),
-            )
-            .sent(true),
+        let err = match answer(sent, &timeouts) {
+            Ok(resp) => return Ok((resp, peer, first_token_by)),
+            Err(e) => e,
         };
         if err.kind == Kind::BodyTooLarge {
             proxy.metrics.body_too_large.inc();
@@ -119,6 +107,29 @@ pub async fn forward(
             m.record.endpoint = peer.endpoint.label.clone();
         }
         return Err(err);
+    }
+}
+
+/// The upstream's answer, or why there is none.
+fn answer(
+    sent: Result<Result<Response<Incoming>, hyper_util::client::legacy::Error>, tokio::time::error::Elapsed>,
+    timeouts: &crate::config::Timeouts,
+) -> Result<Response<Incoming>, Error> {
+    match sent {
+        Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
+            // goodput strips Upgrade, so no request asked for this: relaying it would leave
+            // client and upstream speaking different protocols on the connection. Dropping the
+            // answer closes that upstream connection.
+            Err(Error::new(Kind::UpstreamUpgrade, "upstream switched protocols without being asked")
+                .sent(true))
+        }
+        Ok(Ok(resp)) => Ok(resp),
+        Ok(Err(e)) => Err(Error::from_client(e, timeouts.connect_ms)),
+        Err(_) => Err(Error::new(
+            Kind::UpstreamFirstByteTimeout,
+            format!("upstream sent no response headers within {} ms", timeouts.first_byte_ms),
+        )
+        .sent(true)),
     }
 }
 

@@ -218,6 +218,57 @@ impl MeteredBody {
         body
     }
 
+    /// The upstream said nothing for too long: the answer ends with a timeout.
+    fn fell_silent(&mut self) -> BoxError {
+        self.ended = true;
+        let first = self.first_token_by.is_some();
+        if let Some(m) = &self.metering {
+            let kind = if first { "timeout_first_byte" } else { "timeout_idle" };
+            m.upstream_errors.with_label_values(&[&m.record.backend, kind]).inc();
+        }
+        self.finish(Some(Outcome::Timeout), Instant::now());
+        Box::new(BodyTimeout { first_token: first, silent: self.last_data.elapsed() })
+    }
+
+    /// The upstream body failed (a reset, a framing error): the answer ends there.
+    fn reset(&mut self) {
+        self.ended = true;
+        if let Some(m) = &self.metering {
+            m.upstream_errors.with_label_values(&[&m.record.backend, "reset"]).inc();
+        }
+        self.finish(Some(Outcome::UpstreamReset), Instant::now());
+    }
+
+    /// A frame from the upstream, metered; what goes to the client (None when the meter took
+    /// all of it out: a stripped usage chunk).
+    fn on_frame(&mut self, frame: Frame<Bytes>) -> Option<Frame<Bytes>> {
+        self.unflushed = true;
+        let now = Instant::now();
+        self.last_data = now;
+        let frame = match frame.into_data() {
+            Ok(data) => {
+                let Some(m) = self.metering.as_mut() else {
+                    self.first_token_came(now);
+                    return Some(Frame::data(data));
+                };
+                let out = m.meter.on_data(data, now);
+                let first_token = m.meter.first_token_seen();
+                m.record.overhead += now.elapsed();
+                if first_token {
+                    self.first_token_came(now);
+                }
+                out.map(Frame::data)
+            }
+            Err(other) => Some(other),
+        };
+        // A body with a known length may never be polled to its end: hyper stops once it has
+        // written content-length bytes. File the record now.
+        if self.inner.is_end_stream() {
+            self.end_of_upstream(now);
+        }
+        frame
+    }
+
     fn finish(&mut self, outcome: Option<Outcome>, end: Instant) {
         let Some(mut m) = self.metering.take() else { return };
         let obs = &mut m.meter.observed;
@@ -333,15 +384,7 @@ impl Body for MeteredBody {
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Pending => {
                     if this.idle_expired(cx) {
-                        this.ended = true;
-                        let first = this.first_token_by.is_some();
-                        if let Some(m) = &this.metering {
-                            let kind = if first { "timeout_first_byte" } else { "timeout_idle" };
-                            m.upstream_errors.with_label_values(&[&m.record.backend, kind]).inc();
-                        }
-                        this.finish(Some(Outcome::Timeout), Instant::now());
-                        let e = BodyTimeout { first_token: first, silent: this.last_data.elapsed() };
-                        return Poll::Ready(Some(Err(Box::new(e))));
+                        return Poll::Ready(Some(Err(this.fell_silent())));
                     }
                     this.unflushed = false;
                     return Poll::Pending;
@@ -351,11 +394,7 @@ impl Body for MeteredBody {
                     continue;
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    this.ended = true;
-                    if let Some(m) = &this.metering {
-                        m.upstream_errors.with_label_values(&[&m.record.backend, "reset"]).inc();
-                    }
-                    this.finish(Some(Outcome::UpstreamReset), Instant::now());
+                    this.reset();
                     if this.unflushed {
                         // The bytes that did arrive reach the client before the cut.
                         this.deferred = Some(e.into());
@@ -366,33 +405,8 @@ impl Body for MeteredBody {
                     return Poll::Ready(Some(Err(e.into())));
                 }
                 Poll::Ready(Some(Ok(frame))) => {
-                    this.unflushed = true;
-                    let now = Instant::now();
-                    this.last_data = now;
-                    let frame = match frame.into_data() {
-                        Ok(data) => {
-                            let Some(m) = this.metering.as_mut() else {
-                                this.first_token_came(now);
-                                return Poll::Ready(Some(Ok(Frame::data(data))));
-                            };
-                            let out = m.meter.on_data(data, now);
-                            let first_token = m.meter.first_token_seen();
-                            m.record.overhead += now.elapsed();
-                            if first_token {
-                                this.first_token_came(now);
-                            }
-                            out.map(Frame::data)
-                        }
-                        Err(other) => Some(other),
-                    };
-                    // A body with a known length may never be polled to its end: hyper stops
-                    // once it has written content-length bytes. File the record now.
-                    if this.inner.is_end_stream() {
-                        this.end_of_upstream(now);
-                    }
-                    match frame {
-                        Some(f) => return Poll::Ready(Some(Ok(f))),
-                        None => continue,
+                    if let Some(f) = this.on_frame(frame) {
+                        return Poll::Ready(Some(Ok(f)));
                     }
                 }
             }
