@@ -231,7 +231,7 @@ impl MeteredBody {
     }
 
     /// The upstream body failed (a reset, a framing error): the answer ends there.
-    fn reset(&mut self) {
+    fn upstream_failed(&mut self) {
         self.ended = true;
         if let Some(m) = &self.metering {
             m.upstream_errors.with_label_values(&[&m.record.backend, "reset"]).inc();
@@ -394,7 +394,7 @@ impl Body for MeteredBody {
                     continue;
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    this.reset();
+                    this.upstream_failed();
                     if this.unflushed {
                         // The bytes that did arrive reach the client before the cut.
                         this.deferred = Some(e.into());
