@@ -26,7 +26,6 @@ start "$BIN" sim --listen 127.0.0.1:0 --ttft-ms 50 --tpot-ms 10 --jitter 0 --out
 SIM="${LINE##*addr=}"
 BIN="$A_BIN" start_goodput --upstream "http://$SIM" --workers 1; GP_A="$GP"; PID_A="$GP_PID"
 BIN="$B_BIN" start_goodput --upstream "http://$SIM" --workers 1; GP_B="$GP"; PID_B="$GP_PID"
-BIN=target/release/goodput
 ticks() { awk '{print $14, $15}' "/proc/$1/stat"; } # utime stime, clock ticks
 runs="$OUT/cpu-pairs.jsonl"
 : > "$runs"
