@@ -3,6 +3,7 @@
 //! URL's host as the server name. `http://` backends go through the same connector untouched.
 
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 use std::path::PathBuf;
@@ -47,4 +48,14 @@ pub fn connector(ca_files: &[PathBuf], connect_timeout: Duration) -> Result<Conn
         .https_or_http()
         .enable_http1()
         .wrap_connector(http))
+}
+
+/// hyper's pooled client, as every upstream caller builds it. An idle connection is reused only
+/// within `pool_idle` of its last answer and closed after it: a server closes its own idle
+/// connections (vLLM's and llama.cpp's after 5 s), and a request written to one it is closing
+/// fails after the upstream may have read it, so it cannot be sent again.
+pub fn client_builder(pool_idle: Duration) -> hyper_util::client::legacy::Builder {
+    let mut b = hyper_util::client::legacy::Client::builder(TokioExecutor::new());
+    b.pool_idle_timeout(pool_idle).pool_timer(TokioTimer::new()).timer(TokioTimer::new());
+    b
 }

@@ -745,3 +745,54 @@ async fn keep_alive_pipelining_expect_close_and_a_stalled_head() {
     let got = String::from_utf8_lossy(&got);
     assert!(got.is_empty() || got.starts_with("HTTP/1.1 408"), "{got:?}");
 }
+
+/// An idle upstream connection is reused within `timeouts.pool_idle_ms` and closed by goodput
+/// after it, so that it is never reused after the upstream's own keep-alive timeout (5 s in
+/// vLLM and llama.cpp's server), when a request written to it may be read and then dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_upstream_connection_is_reused_only_within_pool_idle_ms() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::AsyncWriteExt;
+    let (opened, closed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let (o, c) = (opened.clone(), closed.clone());
+    let up = raw_upstream(move |mut s| {
+        let (o, c) = (o.clone(), c.clone());
+        async move {
+            o.fetch_add(1, Ordering::SeqCst);
+            while read_request(&mut s).await {
+                let body = r#"{"object":"list","data":[]}"#;
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                    body.len()
+                );
+                if s.write_all(format!("{head}{body}").as_bytes()).await.is_err() {
+                    break;
+                }
+            }
+            c.fetch_add(1, Ordering::SeqCst);
+        }
+    })
+    .await;
+    let gp = Goodput::start(&format!(
+        "timeouts: {{pool_idle_ms: 1000}}\nbackends:\n  - name: up\n    url: http://{up}\n    models: [m]\n"
+    ));
+    let get =
+        || async { send(gp.proxy, Request::get("/v1/files").body(Full::<Bytes>::default()).unwrap()).await };
+    assert_eq!(get().await.status, 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(get().await.status, 200);
+    assert_eq!(
+        (opened.load(Ordering::SeqCst), closed.load(Ordering::SeqCst)),
+        (1, 0),
+        "not reused within 1 s"
+    );
+    // Expired at 1 s; hyper's pool closes it at its next check, at most another second later.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while closed.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "goodput kept an idle upstream connection past pool_idle_ms");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(get().await.status, 200);
+    assert_eq!(opened.load(Ordering::SeqCst), 2, "a new connection after the idle one was closed");
+}

@@ -223,11 +223,15 @@ pub struct Timeouts {
     pub first_byte_ms: u64,
     /// Longest silence between two body frames of a response once its first token has come.
     pub idle_ms: u64,
+    /// How long an idle upstream connection is kept for reuse. Below the upstream's own
+    /// keep-alive timeout (5 s in vLLM and llama.cpp's server), so that goodput never writes a
+    /// request to a connection the server is closing.
+    pub pool_idle_ms: u64,
 }
 
 impl Default for Timeouts {
     fn default() -> Self {
-        Timeouts { connect_ms: 2_000, first_byte_ms: 300_000, idle_ms: 120_000 }
+        Timeouts { connect_ms: 2_000, first_byte_ms: 300_000, idle_ms: 120_000, pool_idle_ms: 4_000 }
     }
 }
 
@@ -345,6 +349,15 @@ impl Config {
             ("admin_listen", self.admin_listen != new.admin_listen),
             ("admin_token", self.admin_token != new.admin_token),
             ("upstream_tls", self.upstream_tls != new.upstream_tls),
+            // The upstream clients are built at start-up.
+            ("timeouts.connect_ms", self.timeouts.connect_ms != new.timeouts.connect_ms),
+            ("timeouts.pool_idle_ms", self.timeouts.pool_idle_ms != new.timeouts.pool_idle_ms),
+            ("limits.max_connections", self.limits.max_connections != new.limits.max_connections),
+            ("limits.max_header_bytes", self.limits.max_header_bytes != new.limits.max_header_bytes),
+            (
+                "limits.header_read_timeout_ms",
+                self.limits.header_read_timeout_ms != new.limits.header_read_timeout_ms,
+            ),
             ("quality.queue_capacity", q.queue_capacity != nq.queue_capacity),
             ("quality.max_cpu", q.max_cpu != nq.max_cpu),
             ("quality.perplexity", q.perplexity != nq.perplexity),
@@ -530,9 +543,12 @@ impl Config {
             }
         }
         let t = &self.timeouts;
-        for (field, v) in
-            [("connect_ms", t.connect_ms), ("first_byte_ms", t.first_byte_ms), ("idle_ms", t.idle_ms)]
-        {
+        for (field, v) in [
+            ("connect_ms", t.connect_ms),
+            ("first_byte_ms", t.first_byte_ms),
+            ("idle_ms", t.idle_ms),
+            ("pool_idle_ms", t.pool_idle_ms),
+        ] {
             if v == 0 {
                 err(format!("timeouts.{field}"), "must be > 0".into());
             }
@@ -662,10 +678,21 @@ mod tests {
         .unwrap();
         assert!(old.startup_only_changes(&live).is_empty());
         let restart = Config::from_yaml(&format!(
-            "{MIN}listen: 0.0.0.0:9999\nquality:\n  max_cpu: 2\n  consistency:\n    samples: 5\n"
+            "{MIN}listen: 0.0.0.0:9999\nquality:\n  max_cpu: 2\n  consistency:\n    samples: 5\n\
+             timeouts: {{connect_ms: 100, pool_idle_ms: 1000, idle_ms: 5}}\nlimits: {{max_connections: 9}}\n"
         ))
         .unwrap();
-        assert_eq!(old.startup_only_changes(&restart), ["listen", "quality.max_cpu", "quality.consistency"]);
+        assert_eq!(
+            old.startup_only_changes(&restart),
+            [
+                "listen",
+                "timeouts.connect_ms",
+                "timeouts.pool_idle_ms",
+                "limits.max_connections",
+                "quality.max_cpu",
+                "quality.consistency"
+            ]
+        );
     }
 
     #[test]

@@ -26,7 +26,6 @@ use http::{Request, Response, header};
 use http_body_util::{Either, Full, Limited};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -152,12 +151,8 @@ impl Proxy {
         sampling: Sampling,
         connector: crate::tls::Connector,
     ) -> Arc<Proxy> {
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(1024)
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .build(connector);
+        let pool_idle = Duration::from_millis(config.load().config.timeouts.pool_idle_ms);
+        let client = crate::tls::client_builder(pool_idle).pool_max_idle_per_host(1024).build(connector);
         Arc::new(Proxy {
             config,
             recorder,

@@ -56,7 +56,7 @@ pub async fn serve(
         };
         if open.load(Ordering::Relaxed) >= limits.max_connections {
             metrics.rejected.with_label_values(&["max_connections"]).inc();
-            refuse(stream, limits.retry_after_secs, &refusing);
+            refuse(stream, proxy.config.load().config.limits.retry_after_secs, &refusing);
             continue;
         }
         let _ = stream.set_nodelay(true);

@@ -9,7 +9,6 @@ use arc_swap::{ArcSwap, ArcSwapOption};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -262,10 +261,8 @@ type HttpClient = Client<crate::tls::Connector, Empty<Bytes>>;
 /// on, `/v1/models` where the config lists no `models`, and DNS where the pool is discovered.
 /// Backends and endpoints come and go with reloads and DNS answers.
 pub fn spawn_watcher(config: Arc<ConfigHandle>, metrics: Metrics, connector: crate::tls::Connector) {
-    let client: HttpClient = Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(30))
-        .pool_max_idle_per_host(1)
-        .build(connector);
+    let pool_idle = Duration::from_millis(config.load().config.timeouts.pool_idle_ms);
+    let client: HttpClient = crate::tls::client_builder(pool_idle).pool_max_idle_per_host(1).build(connector);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

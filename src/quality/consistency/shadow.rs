@@ -9,7 +9,6 @@ use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use serde_json::{Map, Value};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -83,10 +82,8 @@ impl Checker {
         let (tx, rx) = mpsc::channel(cfg.queue_capacity);
         let (cancel, cancelled) = watch::channel(false);
         let user_tokens = Arc::new(AtomicU64::new(0));
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(30))
-            .pool_timer(TokioTimer::new())
-            .build(connector);
+        let pool_idle = Duration::from_millis(config.load().config.timeouts.pool_idle_ms);
+        let client = crate::tls::client_builder(pool_idle).build(connector);
         let engine = Engine {
             permits: Arc::new(Semaphore::new(cfg.max_concurrent)),
             cfg: Arc::new(cfg),
