@@ -57,8 +57,10 @@ cargo clippy --release --all-targets -- -D warnings
 # scripts/gpu-check.sh runs it on one.
 cargo clippy --release --all-targets --features cuda -- -D warnings
 # The unit tests and the black-box suite (tests/suite.rs, one binary) both run even when the
-# first fails, and every test in each runs, so that one CI run reports every failure.
-cargo test --release --tests --no-fail-fast
+# first fails, and every test in each runs, so that one CI run reports every failure. Without
+# backtraces: a failing test's message (with its file and line) is then the end of the output,
+# which is the part of a CI log that gets read.
+RUST_BACKTRACE=0 cargo test --release --tests --no-fail-fast
 # Supply chain: cargo-deny (licenses, bans, sources; advisories where the database can be
 # fetched) and yanked versions.
 scripts/deny.sh

@@ -1,7 +1,9 @@
 //! Fault injection over real sockets: upstreams that misbehave on purpose, clients that do,
-//! the limits, graceful shutdown on SIGTERM and the security rules. Each fault is repeated so
-//! that a leak of one file descriptor or task per fault shows above the pooled connections;
-//! a healthy stream runs through the same proxy the whole time and must come through intact.
+//! the limits, graceful shutdown on SIGTERM and the security rules. Idle upstream connections
+//! close after 300 ms (`timeouts.pool_idle_ms`), so that afterwards the process's fds and tasks
+//! come back to what they were before; each fault is repeated so that a leak of one file
+//! descriptor or task per fault shows above that. A healthy stream runs through the same proxy
+//! the whole time and must come through intact.
 
 use crate::common::*;
 use bytes::Bytes;
@@ -162,7 +164,7 @@ async fn fault_upstreams() -> Vec<Fault> {
 
 fn fault_yaml(healthy: SocketAddr, faults: &[Fault], extra: &str) -> String {
     let mut y = format!(
-        "timeouts: {{connect_ms: 1000, first_byte_ms: 800, idle_ms: 800}}\n\
+        "timeouts: {{connect_ms: 1000, first_byte_ms: 800, idle_ms: 800, pool_idle_ms: 300}}\n\
          limits: {{header_read_timeout_ms: 1000, max_body_bytes: 1048576}}\n{extra}\
          backends:\n  - name: healthy\n    url: http://{healthy}\n"
     );
@@ -198,7 +200,8 @@ async fn usage(gp: &Goodput) -> (f64, f64) {
 /// Wait for the process's fds and tasks to come back to within `slack` of `base`. The wait is
 /// long because a loaded CI machine (vLLM on both cores) delays every close; a leak never
 /// settles however long it is given.
-async fn settles(gp: &Goodput, base: (f64, f64), slack: f64) {
+/// `legend` names the upstreams' ports for the report.
+async fn settles(gp: &Goodput, base: (f64, f64), slack: f64, legend: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let now = usage(gp).await;
@@ -207,7 +210,7 @@ async fn settles(gp: &Goodput, base: (f64, f64), slack: f64) {
         }
         assert!(
             Instant::now() < deadline,
-            "leak: fds/tasks {now:?}, baseline {base:?} (+{slack}); goodput's sockets:\n{}",
+            "leak: fds/tasks {now:?}, baseline {base:?} (+{slack}); goodput's sockets:\n{}upstreams: {legend}",
             sockets(gp.child.id())
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -300,7 +303,8 @@ async fn upstream_faults_get_clear_answers_and_leave_nothing_behind() {
     }
     assert_eq!(sim.cancelled(), 0, "the healthy stream was disturbed");
     assert_alive(&mut gp);
-    settles(&gp, base, 6.0).await;
+    let legend: Vec<String> = faults.iter().map(|f| format!("{} {}", f.name, f.addr)).collect();
+    settles(&gp, base, 2.0, &format!("healthy {sim_addr}, {}", legend.join(", "))).await;
 }
 
 /// vLLM sends a stream's head at once and then queues the request until its first token: that
@@ -420,7 +424,7 @@ async fn client_faults_are_contained() {
     let (written, cut) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
     let hose = firehose(written.clone(), cut.clone()).await;
     let yaml = format!(
-        "timeouts: {{idle_ms: 5000}}\nlimits: {{header_read_timeout_ms: 1000, max_body_bytes: 1048576}}\n\
+        "timeouts: {{idle_ms: 5000, pool_idle_ms: 300}}\nlimits: {{header_read_timeout_ms: 1000, max_body_bytes: 1048576}}\n\
          backends:\n  - name: sim\n    url: http://{sim_addr}\n  - name: hose\n    url: http://{hose}\n\
          routes:\n  - name: hose\n    match: {{headers: {{x-fault: hose}}}}\n    backends: [hose]\n\
          \x20 - name: sim\n    backends: [sim]\n"
@@ -582,7 +586,7 @@ async fn client_faults_are_contained() {
     let records = gp.records(1).await;
     assert!(records.iter().any(|r| r["outcome"] == "cancelled"), "no cancelled record");
     assert_alive(&mut gp);
-    settles(&gp, base, 6.0).await;
+    settles(&gp, base, 2.0, &format!("sim {sim_addr}, hose {hose}")).await;
 }
 
 /// A body over the limit, declared or chunked, gets its 413 while the client is still sending
