@@ -777,22 +777,28 @@ async fn an_idle_upstream_connection_is_reused_only_within_pool_idle_ms() {
     let gp = Goodput::start(&format!(
         "timeouts: {{pool_idle_ms: 1000}}\nbackends:\n  - name: up\n    url: http://{up}\n    models: [m]\n"
     ));
+    let count = || (opened.load(Ordering::SeqCst), closed.load(Ordering::SeqCst));
+    // Every idle connection is closed in time: the readiness probe's first, and each after.
+    let all_closed = || async {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while count().0 != count().1 {
+            assert!(Instant::now() < deadline, "goodput kept an idle upstream connection past pool_idle_ms");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    gp.wait_ready().await;
+    all_closed().await;
+    let (before, _) = count();
     let get =
         || async { send(gp.proxy, Request::get("/v1/files").body(Full::<Bytes>::default()).unwrap()).await };
     assert_eq!(get().await.status, 200);
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(get().await.status, 200);
-    assert_eq!(
-        (opened.load(Ordering::SeqCst), closed.load(Ordering::SeqCst)),
-        (1, 0),
-        "not reused within 1 s"
-    );
+    let idle_since = Instant::now();
+    assert_eq!(count(), (before + 1, before), "not reused within 1 s");
     // Expired at 1 s; hyper's pool closes it at its next check, at most another second later.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while closed.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "goodput kept an idle upstream connection past pool_idle_ms");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    all_closed().await;
+    assert!(idle_since.elapsed() >= Duration::from_millis(900), "closed before pool_idle_ms");
     assert_eq!(get().await.status, 200);
-    assert_eq!(opened.load(Ordering::SeqCst), 2, "a new connection after the idle one was closed");
+    assert_eq!(count().0, before + 2, "a new connection after the idle one was closed");
 }
