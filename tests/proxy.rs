@@ -802,3 +802,54 @@ async fn an_idle_upstream_connection_is_reused_only_within_pool_idle_ms() {
     assert_eq!(get().await.status, 200);
     assert_eq!(count().0, before + 2, "a new connection after the idle one was closed");
 }
+
+/// Why `pool_idle_ms` defaults below 5 s: an upstream that closes connections idle for 5 s
+/// (uvicorn's keep-alive, vLLM's and llama.cpp's server's) and whose close crosses goodput's
+/// next request on the wire reads that request and never answers it. goodput cannot send it
+/// again (the server may be generating for it), so it is a 502; with the default, a connection
+/// idle that long is never used.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_pool_idle_never_reuses_a_connection_past_the_servers_keep_alive() {
+    use tokio::io::AsyncWriteExt;
+    // Answers until the connection has been idle 5 s; the request after that is read and
+    // dropped with the connection, as if the keep-alive timer fired while it was in flight.
+    let upstream = || {
+        raw_upstream(|mut s| async move {
+            let mut idle_since = Instant::now();
+            while read_request(&mut s).await {
+                if idle_since.elapsed() >= Duration::from_secs(5) {
+                    return;
+                }
+                let body = r#"{"object":"list","data":[]}"#;
+                let r = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+                if s.write_all(r.as_bytes()).await.is_err() {
+                    return;
+                }
+                idle_since = Instant::now();
+            }
+        })
+    };
+    let yaml = |up: std::net::SocketAddr, timeouts: &str| {
+        format!("{timeouts}backends:\n  - name: up\n    url: http://{up}\n    models: [m]\n")
+    };
+    let default = Goodput::start(&yaml(upstream().await, ""));
+    let long = Goodput::start(&yaml(upstream().await, "timeouts: {pool_idle_ms: 60000}\n"));
+    let get = |gp: &Goodput| {
+        let addr = gp.proxy;
+        async move {
+            send(addr, Request::get("/v1/files").body(Full::<Bytes>::default()).unwrap())
+                .await
+                .status
+                .as_u16()
+        }
+    };
+    default.wait_ready().await;
+    long.wait_ready().await;
+    assert_eq!((get(&default).await, get(&long).await), (200, 200));
+    tokio::time::sleep(Duration::from_millis(5500)).await;
+    assert_eq!(get(&default).await, 200, "the default reused a connection past the server's keep-alive");
+    // The hazard the default avoids: the reused connection is cut after the request was written.
+    assert_eq!(get(&long).await, 502);
+    let m = long.metrics().await;
+    assert_eq!(metric(&m, "goodput_upstream_errors_total", &[("backend", "up"), ("kind", "protocol")]), 1.0);
+}
