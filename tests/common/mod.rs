@@ -77,17 +77,28 @@ impl Goodput {
         } else {
             Stdio::inherit()
         };
-        let mut child = Command::new(env!("CARGO_BIN_EXE_goodput"))
-            .args(["serve", "--config"])
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_goodput"));
+        cmd.args(["serve", "--config"])
             .arg(&config)
             .args(["--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"])
             .args(extra)
             .env("RUST_LOG", "warn")
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(stderr)
-            .spawn()
-            .expect("spawn goodput");
+            .stderr(stderr);
+        // A test binary that is killed (a timeout, ^C) runs no Drop: goodput would outlive it,
+        // polling its backends' ports every second, and a later test's listener that gets one
+        // of those ports would see requests it never sent. The kernel kills it instead.
+        // SAFETY: prctl is async-signal-safe and touches nothing of the parent's state.
+        unsafe {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().expect("spawn goodput");
         let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut line = String::new();
         stdout.read_line(&mut line).unwrap();
