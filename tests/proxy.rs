@@ -545,8 +545,11 @@ async fn readiness_follows_the_upstream() {
     let get = |p: &'static str| Request::get(p).body(Full::default()).unwrap();
     assert_eq!(send(gp.admin, get("/healthz")).await.status, 200);
     assert_eq!(send(gp.admin, get("/readyz")).await.status, 503);
-    drop(refusing);
-    let (_addr, _sim) = goodput::sim::spawn(Default::default(), &format!("127.0.0.1:{port}")).await.unwrap();
+    tokio::spawn(goodput::sim::serve(
+        listen_on_refusing_port(port),
+        goodput::sim::Sim::new(Default::default()),
+    ));
+    let _refusing = refusing;
     let t = Instant::now();
     while send(gp.admin, get("/readyz")).await.status != 200 {
         assert!(t.elapsed() < Duration::from_secs(5), "never became ready");

@@ -260,9 +260,20 @@ pub fn free_port() -> u16 {
 /// could be bound by another test's listener a moment later).
 pub fn refusing_port() -> (tokio::net::TcpSocket, u16) {
     let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.set_reuseport(true).unwrap();
     s.bind("127.0.0.1:0".parse().unwrap()).unwrap();
     let port = s.local_addr().unwrap().port();
     (s, port)
+}
+
+/// Start listening on a port held by `refusing_port`, while it is still held. Dropping the
+/// holder first and binding again races every other socket on the machine for that port
+/// (CI saw AddrInUse); SO_REUSEPORT on both sockets of this process keeps it ours throughout.
+pub fn listen_on_refusing_port(port: u16) -> tokio::net::TcpListener {
+    let s = tokio::net::TcpSocket::new_v4().unwrap();
+    s.set_reuseport(true).unwrap();
+    s.bind(SocketAddr::from(([127, 0, 0, 1], port))).unwrap();
+    s.listen(128).unwrap()
 }
 
 /// The in-process simulator as an upstream, with fixed delays and output length.
