@@ -250,8 +250,33 @@ pub fn reference_model() -> (String, String) {
     (get("GOODPUT_MODEL_DIR"), get("ORT_DYLIB_PATH"))
 }
 
-/// A loopback port nothing listens on (yet).
+/// A loopback port nothing listens on (yet), for a server started as a child process, which
+/// binds it seconds later (llama.cpp's server after loading its model). It is taken below the
+/// kernel's ephemeral range: a port from `bind(0)` is free again the moment it is closed, and
+/// until the child binds it, any test's listener or outgoing connection could be given it.
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768);
+    const FROM: u32 = 20000;
+    if low > FROM + 1000 {
+        let span = low - FROM;
+        // One random start per test binary, then consecutive ports: no two calls in it collide.
+        static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+        let start = *START.get_or_init(|| {
+            std::process::id().wrapping_mul(7919)
+                ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
+        });
+        for _ in 0..span {
+            let port = (FROM + (start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))) % span) as u16;
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
