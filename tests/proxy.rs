@@ -540,7 +540,8 @@ async fn metrics_latency_goodput_and_label_bounds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readiness_follows_the_upstream() {
-    let (refusing, port) = refusing_port();
+    // Held to the end: the simulator listens on the port while it is still reserved.
+    let (_refusing, port) = refusing_port();
     let gp = Goodput::start_with("", &["--upstream", &format!("http://127.0.0.1:{port}")]);
     let get = |p: &'static str| Request::get(p).body(Full::default()).unwrap();
     assert_eq!(send(gp.admin, get("/healthz")).await.status, 200);
@@ -549,7 +550,6 @@ async fn readiness_follows_the_upstream() {
         listen_on_refusing_port(port),
         goodput::sim::Sim::new(Default::default()),
     ));
-    let _refusing = refusing;
     let t = Instant::now();
     while send(gp.admin, get("/readyz")).await.status != 200 {
         assert!(t.elapsed() < Duration::from_secs(5), "never became ready");

@@ -88,7 +88,9 @@ impl Goodput {
             .stderr(stderr);
         // A test binary that is killed (a timeout, ^C) runs no Drop: goodput would outlive it,
         // polling its backends' ports every second, and a later test's listener that gets one
-        // of those ports would see requests it never sent. The kernel kills it instead.
+        // of those ports would see requests it never sent. The kernel kills it instead, when
+        // the spawning *thread* exits: so start goodput on the test's own thread, never on a
+        // blocking-pool thread, which may exit while the test still uses it.
         // SAFETY: prctl is async-signal-safe and touches nothing of the parent's state.
         unsafe {
             std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
@@ -256,7 +258,8 @@ pub fn reference_model() -> (String, String) {
 /// until the child binds it, any test's listener or outgoing connection could be given it.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
-    static NEXT: AtomicU32 = AtomicU32::new(0);
+    // One random start per test binary, then consecutive ports: no two calls in it collide.
+    static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
     let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
         .and_then(|r| r.split_whitespace().next()?.parse().ok())
@@ -264,14 +267,17 @@ pub fn free_port() -> u16 {
     const FROM: u32 = 20000;
     if low > FROM + 1000 {
         let span = low - FROM;
-        // One random start per test binary, then consecutive ports: no two calls in it collide.
-        static START: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-        let start = *START.get_or_init(|| {
-            std::process::id().wrapping_mul(7919)
-                ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos()
+        let next = NEXT.get_or_init(|| {
+            AtomicU32::new(
+                std::process::id().wrapping_mul(7919)
+                    ^ std::time::SystemTime::now()
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .unwrap()
+                        .subsec_nanos(),
+            )
         });
         for _ in 0..span {
-            let port = (FROM + (start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))) % span) as u16;
+            let port = (FROM + next.fetch_add(1, Ordering::Relaxed) % span) as u16;
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 return port;
             }
