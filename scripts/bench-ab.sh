@@ -15,7 +15,11 @@
 #   scripts/bench-ab.sh REV_A [REV_B=working tree] [RATES="500 1000"] [DURATION=10s] [REPS=3]
 #                       [CHUNK_ROUNDS=3; 0 skips] [GP_WORKERS=1] [LOADGEN=k6|bench]
 #                       [PACED_RATES="100 400"] [PACED_DURATION=10s] [ZERO_DELAY=1; 0 skips]
-#                       [PROFILE=production]
+#                       [PROFILE=production] [PIN=0]
+#
+# PIN=1 runs the paced rows with each proxy (A, B, nginx) on CPU 1 and the simulator and the load
+# generator on CPU 0, as a sidecar with a CPU of its own runs: a proxy's wait for a core then
+# comes from its own work, not from the load generator's. Needs two CPUs.
 #
 # LOADGEN=bench drives the load with `goodput bench` (the working tree's), as bench-peers.sh can.
 #
@@ -119,12 +123,16 @@ PY
 PACED_RATES="${PACED_RATES-100 400}"
 if [ -n "$PACED_RATES" ]; then
   scripts/setup-bench.sh >/dev/null # nginx
-  start "$BIN" sim --listen 127.0.0.1:0 --ttft-ms 50 --tpot-ms 10 --jitter 0 --output-tokens 64
+  UP_CPU=(); PROXY_CPU=()
+  if [ "${PIN:-0}" = 1 ]; then UP_CPU=(taskset -c 0); PROXY_CPU=(taskset -c 1); fi
+  start "${UP_CPU[@]}" "$BIN" sim --listen 127.0.0.1:0 --ttft-ms 50 --tpot-ms 10 --jitter 0 --output-tokens 64
   PSIM="${LINE##*addr=}"
+  CPU_PREFIX=("${PROXY_CPU[@]}")
   BIN="$A_BIN" start_goodput --upstream "http://$PSIM" --workers "$GP_WORKERS"; PGP_A="$GP"; PPID_A="$GP_PID"
   BIN="$B_BIN" start_goodput --upstream "http://$PSIM" --workers "$GP_WORKERS"; PGP_B="$GP"; PPID_B="$GP_PID"
+  CPU_PREFIX=()
   nport="$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')"
-  NGINX_WORKERS=1 scripts/bench/nginx.sh "${PSIM##*:}" "$nport" "$PWD/$OUT/nginx-paced" >/dev/null 2>&1 &
+  NGINX_WORKERS=1 "${PROXY_CPU[@]}" scripts/bench/nginx.sh "${PSIM##*:}" "$nport" "$PWD/$OUT/nginx-paced" >/dev/null 2>&1 &
   pids+=($!); sleep 0.5
   NGINX_PID="$(cat "$OUT/nginx-paced/nginx.pid")"
   paced="$OUT/ab-paced.jsonl"
@@ -142,7 +150,7 @@ if [ -n "$PACED_RATES" ]; then
         c0=0; [ -n "$pid" ] && c0="$(cpu_ticks "$pid")"
         f="$OUT/paced-$RANDOM.json"
         n="$(python3 -c "print(int($rate * float('${PACED_DURATION:-10s}'.rstrip('s'))))")"
-        "$BIN" bench --target "$base" --model sim-model --rate "$rate" --num-requests "$n" \
+        "${UP_CPU[@]}" "$BIN" bench --target "$base" --model sim-model --rate "$rate" --num-requests "$n" \
           --input-len 2 --output-len 64 --quiet --json "$f" >/dev/null 2>&1 || true
         cpu=0; [ -n "$pid" ] && cpu=$(( $(cpu_ticks "$pid") - c0 ))
         python3 - "$f" "$rate" "$rep" "$path" "$cpu" <<'PY' | tee -a "$paced" >&2
@@ -180,6 +188,12 @@ for rate in sorted({r["rate"] for r in rows}):
     lower = sum(rb[i]["ttft99"] < ra[i]["ttft99"] for i in pairs)
     lower_itl = sum(rb[i]["itl99"] < ra[i]["itl99"] for i in pairs)
     print(f"| B lower than A, p99 TTFT / ITL (sign test p) | {rate:.0f} | {lower}/{len(pairs)} ({sign_p(lower, len(pairs)):.2g}) | {lower_itl}/{len(pairs)} ({sign_p(lower_itl, len(pairs)):.2g}) | | |")
+    # The issue's targets read per repetition: B's TTFT and ITL medians minus A's, B's CPU per
+    # token over A's, the median over the pairs.
+    diff = lambda k: statistics.median((rb[i][k] - ra[i][k]) * 1000 for i in pairs)
+    tok = lambda r: r["cpu_ticks"] / max(r["tokens"], 1)
+    ratio = statistics.median(tok(rb[i]) / tok(ra[i]) for i in pairs if tok(ra[i]) > 0)
+    print(f"| B − A in the same repetition, median: TTFT p50 / ITL p50 / CPU per token | {rate:.0f} | {diff('ttft50'):+.0f} µs | {diff('itl50'):+.0f} µs | {ratio:.2f}× | |")
 PY
 fi
 

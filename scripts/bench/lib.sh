@@ -66,8 +66,10 @@ start() { # start CMD... ; sets LINE to its first stdout line, appends its pid t
   echo "did not start: $*" >&2; exit 1
 }
 
+# A command prefix for start_goodput, e.g. (taskset -c 1) to give goodput a CPU of its own.
+CPU_PREFIX=()
 start_goodput() { # goodput serve ARGS... on ephemeral ports; sets GP, ADMIN (addresses) and GP_PID
-  start "$BIN" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 "$@"
+  start "${CPU_PREFIX[@]}" "$BIN" serve --listen 127.0.0.1:0 --admin-listen 127.0.0.1:0 "$@"
   GP="$(echo "$LINE" | sed -E 's/.*proxy=([^ ]+).*/\1/')"
   ADMIN="$(echo "$LINE" | sed -E 's/.*admin=([^ ]+).*/\1/')"
   GP_PID="${pids[-1]}"
