@@ -258,25 +258,20 @@ pub fn reference_model() -> (String, String) {
 /// until the child binds it, any test's listener or outgoing connection could be given it.
 pub fn free_port() -> u16 {
     use std::sync::atomic::{AtomicU32, Ordering};
-    // One random start per test binary, then consecutive ports: no two calls in it collide.
-    static NEXT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
-    let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|r| r.split_whitespace().next()?.parse().ok())
-        .unwrap_or(32768);
     const FROM: u32 = 20000;
-    if low > FROM + 1000 {
-        let span = low - FROM;
-        let next = NEXT.get_or_init(|| {
-            AtomicU32::new(
-                std::process::id().wrapping_mul(7919)
-                    ^ std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .unwrap()
-                        .subsec_nanos(),
-            )
-        });
-        for _ in 0..span {
+    // Read once per test binary: the ports below the ephemeral range, and a counter from a
+    // random start, so that consecutive calls in it never collide.
+    static BELOW_EPHEMERAL: std::sync::OnceLock<Option<(u32, AtomicU32)>> = std::sync::OnceLock::new();
+    let below = BELOW_EPHEMERAL.get_or_init(|| {
+        let low: u32 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|r| r.split_whitespace().next()?.parse().ok())?;
+        let start = std::process::id().wrapping_mul(7919)
+            ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().subsec_nanos();
+        (low > FROM + 1000).then(|| (low - FROM, AtomicU32::new(start)))
+    });
+    if let Some((span, next)) = below {
+        for _ in 0..*span {
             let port = (FROM + next.fetch_add(1, Ordering::Relaxed) % span) as u16;
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 return port;
