@@ -23,10 +23,9 @@ async fn until_closed(s: &mut TcpStream) {
     while matches!(s.read(&mut b).await, Ok(n) if n > 0) {}
 }
 
-/// Close with RST (SO_LINGER 0; tokio deprecates it because a non-zero linger blocks on drop).
-#[allow(deprecated)]
-fn reset(s: TcpStream) {
-    let _ = s.set_linger(Some(Duration::ZERO));
+/// Close with RST (SO_LINGER 0).
+pub fn reset(s: TcpStream) {
+    let _ = s.set_zero_linger();
     drop(s);
 }
 

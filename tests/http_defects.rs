@@ -285,3 +285,82 @@ async fn upstream_connections_are_kept_alive_and_one_the_server_closed_is_replac
     let m = gp.metrics().await;
     assert_eq!(metric(&m, "goodput_upstream_errors_total", &[]), 0.0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bare_lf_ending_chunked_trailers_is_refused_and_smuggles_no_request() {
+    // A front proxy that ends trailers only at CRLF reads `GET /smuggled` as a trailer line of
+    // this one request; a server that took the bare LF as their end would read a second request.
+    let routes = vec![("/v1/chat/completions", canned_json(ANSWER)), ("/v1/embeddings", canned_json(ANSWER))];
+    let (up, seen) = spawn_canned(routes).await;
+    let gp = Goodput::start(&config_for(up, ""));
+    gp.wait_ready().await;
+    let trailers = ["\n", "x-t: 1\n\n", "x-t: 1\r\n\n"];
+    let paths = ["/v1/chat/completions", "/v1/embeddings"];
+    for (path, trailer) in paths.iter().flat_map(|p| trailers.iter().map(move |t| (p, t))) {
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
+             {:x}\r\n{CHAT}\r\n0\r\n{trailer}GET /smuggled HTTP/1.1\r\nhost: x\r\n\r\n",
+            CHAT.len()
+        );
+        let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+        s.write_all(req.as_bytes()).await.unwrap();
+        // Everything goodput answers on this connection, until it closes or falls silent.
+        let mut got = Vec::new();
+        let mut b = [0u8; 8192];
+        while let Ok(Ok(n @ 1..)) = tokio::time::timeout(Duration::from_secs(2), s.read(&mut b)).await {
+            got.extend_from_slice(&b[..n]);
+        }
+        let got = String::from_utf8_lossy(&got);
+        assert_eq!(got.matches("HTTP/1.1 ").count(), 1, "{path} {trailer:?}: a second answer: {got}");
+        assert!(got.starts_with("HTTP/1.1 400 "), "{path} {trailer:?}: {got}");
+        assert!(got.contains(r#""code":"body_read_failed""#), "{path} {trailer:?}: {got}");
+    }
+    let paths: Vec<String> = seen.requests.lock().unwrap().iter().map(|(p, _, _)| p.clone()).collect();
+    assert!(!paths.iter().any(|p| p == "/smuggled"), "a smuggled request reached the upstream: {paths:?}");
+    // The client's broken body, even one already streaming upstream, is not the backend's
+    // failure: no upstream error is counted and the breaker hears nothing.
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_upstream_errors_total", &[]), 0.0);
+    assert_eq!(exchange(gp.proxy, chat_request().as_bytes()).await.0, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_resets_while_its_body_streams_upstream_is_not_the_backends_failure() {
+    // The upstream reads what goodput streams to it; `got` says the first chunk arrived, and
+    // `closed` that goodput then dropped the upstream connection.
+    let (got, closed) = (Arc::new(tokio::sync::Notify::new()), Arc::new(tokio::sync::Notify::new()));
+    let (g, c) = (got.clone(), closed.clone());
+    let up = raw_upstream(move |mut s| {
+        let (g, c) = (g.clone(), c.clone());
+        async move {
+            let mut seen = Vec::new();
+            let mut b = [0u8; 4096];
+            while let Ok(n @ 1..) = s.read(&mut b).await {
+                seen.extend_from_slice(&b[..n]);
+                if String::from_utf8_lossy(&seen).contains("goodput-readiness") {
+                    let _ = s.write_all(&ok_answer()).await;
+                    seen.clear();
+                } else if seen.windows(5).any(|w| w == b"hello") {
+                    g.notify_one();
+                }
+            }
+            c.notify_one();
+        }
+    })
+    .await;
+    let gp = Goodput::start(&config_for(up, ""));
+    gp.wait_ready().await;
+    let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+    let head = "POST /v1/embeddings HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n";
+    s.write_all(head.as_bytes()).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), got.notified())
+        .await
+        .expect("the body never reached the upstream");
+    crate::faults::reset(s);
+    tokio::time::timeout(Duration::from_secs(10), closed.notified())
+        .await
+        .expect("the upstream request was not aborted");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_upstream_errors_total", &[]), 0.0);
+}

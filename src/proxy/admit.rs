@@ -6,12 +6,13 @@
 use bytes::{Bytes, BytesMut};
 use http::request::Parts;
 use http::{Method, Request, Version, header};
+use http_body_util::combinators::MapErr;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body as _, Incoming};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::error::{Error, Kind};
+use super::error::{BoxError, ClientBodyError, Error, Kind};
 use super::headers;
 use crate::config::Config;
 use crate::meter::metrics::Metrics;
@@ -33,8 +34,11 @@ pub enum ClientBody {
     /// In memory: sent as it is, and again on failover.
     Whole(Bytes),
     /// Still arriving from the client, within the body limit: sent once, never replayed.
-    Streaming(Limited<Incoming>),
+    Streaming(StreamingBody),
 }
+
+/// A body streamed through, its errors marked as the client's.
+pub type StreamingBody = MapErr<Limited<Incoming>, fn(BoxError) -> ClientBodyError>;
 
 /// What goodput read of a metered request.
 pub struct Metered {
@@ -80,7 +84,7 @@ pub async fn request_filter(
         let body = if body.is_end_stream() {
             ClientBody::Whole(Bytes::new())
         } else {
-            ClientBody::Streaming(Limited::new(body, limit as usize))
+            ClientBody::Streaming(Limited::new(body, limit as usize).map_err(ClientBodyError as fn(_) -> _))
         };
         return Ok(Admitted { parts, body, metered: None, client_time: Duration::ZERO });
     };

@@ -152,10 +152,17 @@ impl Error {
     /// Classify a failure of hyper's client. A connect error has sent nothing; anything after
     /// the connection was made may have written the request.
     pub fn from_client(e: hyper_util::client::legacy::Error, connect_ms: u64) -> Error {
-        if chain(&e).any(|s| s.is::<http_body_util::LengthLimitError>()) {
-            return Error::new(Kind::BodyTooLarge, "request body exceeds the limit")
-                .with_source(e)
-                .sent(true);
+        // The client's streamed body failed, not the upstream: the client's error, which
+        // neither the breaker nor the upstream error count may hear of.
+        let body = chain(&e).find_map(|s| s.downcast_ref::<ClientBodyError>()).map(|b| {
+            if b.0.is::<http_body_util::LengthLimitError>() {
+                (Kind::BodyTooLarge, "request body exceeds the limit")
+            } else {
+                (Kind::BodyRead, "could not read the request body")
+            }
+        });
+        if let Some((kind, message)) = body {
+            return Error::new(kind, message).with_source(e).sent(true);
         }
         if e.is_connect() {
             let timed_out = chain(&e).any(|s| {
@@ -200,6 +207,23 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         self.source.as_deref().map(|s| s as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// A failure of the client's body while it streams upstream (a reset, broken chunked framing,
+/// the body limit), so that it is told apart from the upstream's own failures.
+#[derive(Debug)]
+pub struct ClientBodyError(pub BoxError);
+
+impl fmt::Display for ClientBodyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the client's request body failed")
+    }
+}
+
+impl std::error::Error for ClientBodyError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.0)
     }
 }
 

@@ -23,7 +23,7 @@ pub mod server;
 
 use bytes::Bytes;
 use http::{Request, Response, header};
-use http_body_util::{Either, Full, Limited};
+use http_body_util::{Either, Full};
 use hyper::body::Incoming;
 use hyper_util::client::legacy::Client;
 use std::net::SocketAddr;
@@ -41,7 +41,7 @@ use meter::{MeteredBody, MeteredRequest, Upstream};
 pub use server::serve;
 
 /// The request body as hyper's client sends it upstream.
-pub type UpstreamBody = Either<Full<Bytes>, Limited<Incoming>>;
+pub type UpstreamBody = Either<Full<Bytes>, admit::StreamingBody>;
 /// The response body the client gets: the upstream's, metered, or goodput's own error body.
 pub type ProxyBody = Either<MeteredBody, Full<Bytes>>;
 
