@@ -265,6 +265,7 @@ mod tests {
             (Kind::Connect, 405, false),
             (Kind::BadHost, 400, false),
             (Kind::BodyTooLarge, 413, false),
+            (Kind::BodyRead, 400, false),
             (Kind::AtCapacity, 503, false),
             (Kind::UpstreamConnect, 502, true),
             (Kind::UpstreamConnectTimeout, 504, true),
