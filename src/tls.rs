@@ -1,4 +1,4 @@
-//! TLS to upstreams (rustls with ring), for backends that are not on localhost: `https://`
+//! TLS to upstreams (rustls with aws-lc-rs, post-quantum key exchange first), for backends that are not on localhost: `https://`
 //! backend URLs are verified against the system's roots plus `upstream_tls.ca_files`, with the
 //! URL's host as the server name. `http://` backends go through the same connector untouched.
 
@@ -38,11 +38,12 @@ pub fn connector(ca_files: &[PathBuf], connect_timeout: Duration) -> Result<Conn
     http.set_nodelay(true);
     http.set_connect_timeout(Some(connect_timeout));
     http.enforce_http(false);
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots(ca_files)?)
-        .with_no_client_auth();
+    let tls =
+        rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| e.to_string())?
+            .with_root_certificates(roots(ca_files)?)
+            .with_no_client_auth();
     Ok(hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http()
