@@ -8,6 +8,7 @@ mod common;
 mod bench;
 mod config_reload;
 mod consistency;
+mod content_coding;
 mod dashboards;
 mod deploy;
 mod e2e_llama;

@@ -63,6 +63,7 @@ pub struct Metrics {
     pub records_dropped: IntCounter,
     pub usage_injected: IntCounter,
     pub usage_stripped: IntCounter,
+    pub encoded_responses: IntCounterVec,
     pub body_too_large: IntCounter,
     pub build_info: IntGaugeVec,
     pub response_perplexity: HistogramVec,
@@ -329,6 +330,12 @@ impl Metrics {
             usage_stripped: single(
                 "goodput_usage_chunks_removed_total",
                 "Usage-only chunks removed before the client saw them (the client had not asked for usage).",
+            ),
+            encoded_responses: counter(
+                &reg,
+                "goodput_encoded_responses_total",
+                "Metered answers sent in a content coding although goodput asked for identity: forwarded unchanged and not read (no tokens, no TTFT).",
+                &["backend"],
             ),
             body_too_large: single("goodput_request_body_too_large_total", "Requests refused with 413."),
             build_info,

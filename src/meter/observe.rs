@@ -21,6 +21,8 @@ const MAX_CHOICES: usize = 128;
 enum Mode {
     Sse(SseReader),
     Json(Vec<u8>),
+    /// In a content coding the meter cannot read: forwarded, not looked at.
+    Unread,
 }
 
 /// What the meter learned; turned into a `RequestRecord` at the end.
@@ -96,6 +98,15 @@ impl ResponseMeter {
         }
     }
 
+    /// A meter for an answer it cannot read (one in a content coding): every frame goes through
+    /// untouched and nothing is learned from it; its first bytes count as its first token,
+    /// for the timeouts.
+    pub fn unread() -> Self {
+        let mut m = Self::new(false, false, 1, false, None);
+        m.mode = Mode::Unread;
+        m
+    }
+
     /// Bound the bytes held back while looking for the usage chunk (default 64 KiB). The fuzz
     /// target sets it tiny so that releasing an oversized event is exercised on small inputs.
     pub fn with_max_held(mut self, bytes: usize) -> Self {
@@ -118,6 +129,7 @@ impl ResponseMeter {
     /// `Bytes` (no copy) unless a usage-only chunk is being taken out.
     pub fn on_data(&mut self, frame: Bytes, now: Instant) -> Option<Bytes> {
         let reader = match &mut self.mode {
+            Mode::Unread => return Some(frame),
             Mode::Json(buf) => {
                 if buf.len() + frame.len() <= MAX_JSON_BODY {
                     buf.extend_from_slice(&frame);
@@ -262,6 +274,7 @@ impl ResponseMeter {
     /// The upstream body ended: returns any held bytes to forward, then the final state.
     pub fn on_end(&mut self) -> Option<Bytes> {
         match &mut self.mode {
+            Mode::Unread => None,
             Mode::Json(buf) => {
                 if let Some(r) = parse_response(buf, self.observed.texts.is_some()) {
                     self.observed.usage = r.usage;
@@ -416,6 +429,20 @@ mod tests {
     );
     const USAGE: &str = "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"completion_tokens\":2}}\n\n";
     const DONE: &str = "data: [DONE]\n\n";
+
+    #[test]
+    fn an_unread_answer_passes_as_it_came_and_teaches_nothing() {
+        // Even text that reads as a usage chunk: a coded body's bytes are not SSE.
+        let mut m = ResponseMeter::unread();
+        assert!(!m.may_rewrite());
+        let frame = Bytes::from([CHAT, USAGE, DONE].concat());
+        let out = m.on_data(frame.clone(), Instant::now()).unwrap();
+        assert_eq!((out.as_ptr(), out.len()), (frame.as_ptr(), frame.len()), "the same bytes, not a copy");
+        assert!(m.first_token_seen());
+        assert_eq!(m.on_end(), None);
+        let o = &m.observed;
+        assert!(o.usage.is_none() && o.texts.is_none() && o.first_content.is_none() && o.content_chunks == 0);
+    }
 
     fn run(pieces: &[&[u8]], strip: bool) -> (Vec<u8>, Observed) {
         let mut m = ResponseMeter::new(true, strip, 1, true, None);

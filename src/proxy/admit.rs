@@ -5,7 +5,7 @@
 
 use bytes::{Bytes, BytesMut};
 use http::request::Parts;
-use http::{Method, Request, Version, header};
+use http::{HeaderValue, Method, Request, Version, header};
 use http_body_util::combinators::MapErr;
 use http_body_util::{BodyExt, Limited};
 use hyper::body::{Body as _, Incoming};
@@ -88,6 +88,11 @@ pub async fn request_filter(
         };
         return Ok(Admitted { parts, body, metered: None, client_time: Duration::ZERO });
     };
+    // The meter reads the answer's text, so it asks for it uncoded: without this, the SDKs'
+    // default `Accept-Encoding: gzip, …` gets a compressing server's answers in gzip, and their
+    // tokens go uncounted. Every HTTP client accepts identity; LLM answers are small, and a
+    // compressed stream is held back by the compressor anyway.
+    parts.headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     let t_read = Instant::now();
     let bytes = match read_body(body, limit as usize).await {
         Ok(b) => b,

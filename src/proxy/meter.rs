@@ -99,11 +99,20 @@ pub fn response_filter(
         400.. => Outcome::ClientError,
         _ => Outcome::Ok,
     };
-    let sse = parts
+    // An answer in a content coding (sent although admit asked for identity) is not text the
+    // meter can read: it goes to the client as it came, its tokens and TTFT unknown, and is
+    // counted so that the gap shows.
+    let encoded = parts
         .headers
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("text/event-stream"));
+        .get_all(header::CONTENT_ENCODING)
+        .iter()
+        .any(|v| !v.is_empty() && !v.as_bytes().eq_ignore_ascii_case(b"identity"));
+    let sse = !encoded
+        && parts
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
     if injected && sse {
         // Bytes may be taken out: the length is no longer the upstream's.
         parts.headers.remove(header::CONTENT_LENGTH);
@@ -116,8 +125,14 @@ pub fn response_filter(
         backend.in_flight.get_or_init(|| metrics.in_flight.with_label_values(&[&*backend.name])).clone();
     in_flight.inc();
     record.overhead += t_headers.elapsed();
+    let meter = if encoded {
+        metrics.encoded_responses.with_label_values(&[&*backend.name]).inc();
+        ResponseMeter::unread()
+    } else {
+        ResponseMeter::new(sse, injected, n, collect_text, itl)
+    };
     let metering = Box::new(Metering {
-        meter: ResponseMeter::new(sse, injected, n, collect_text, itl),
+        meter,
         record,
         payload,
         recorder: recorder.clone(),

@@ -454,6 +454,9 @@ impl Engine {
         let mut req = Request::post(uri)
             .header(header::CONTENT_TYPE, "application/json")
             .header(header::USER_AGENT, "goodput-shadow")
+            // The answer is parsed, so it must come uncoded (a request that names no coding
+            // lets the server choose one).
+            .header(header::ACCEPT_ENCODING, "identity")
             .header(SHADOW_HEADER, "1")
             .body(Full::new(body))
             .map_err(|_| CallFailed(None))?;
