@@ -1,6 +1,7 @@
-//! TLS to upstreams (rustls with aws-lc-rs, post-quantum key exchange first), for backends that are not on localhost: `https://`
-//! backend URLs are verified against the system's roots plus `upstream_tls.ca_files`, with the
-//! URL's host as the server name. `http://` backends go through the same connector untouched.
+//! TLS to upstreams, for backends that are not on localhost: rustls with aws-lc-rs, whose
+//! post-quantum hybrid key exchange (X25519MLKEM768) is offered first. `https://` backend URLs
+//! are verified against the system's roots plus `upstream_tls.ca_files`, with the URL's host as
+//! the server name. `http://` backends go through the same connector untouched.
 
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
