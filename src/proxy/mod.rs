@@ -18,6 +18,7 @@ pub mod error;
 pub mod forward;
 pub mod headers;
 pub mod meter;
+pub mod rewake;
 pub mod route;
 pub mod server;
 

@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 
 use super::Proxy;
+use super::rewake::Rewake;
 
 /// Accept connections until `shutdown` resolves; each connection is served on its own task.
 /// Then stop accepting, let in-flight requests finish for up to `grace`, and return.
@@ -40,6 +41,7 @@ pub async fn serve(
     let open = Arc::new(AtomicUsize::new(0));
     let refusing = Arc::new(AtomicUsize::new(0));
     let metrics = proxy.metrics.clone();
+    let rewake = super::rewake::wanted();
     tokio::pin!(shutdown);
     loop {
         let (stream, remote) = tokio::select! {
@@ -68,7 +70,7 @@ pub async fn serve(
         });
         let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
         // Counted by the graceful shutdown until the connection closes.
-        let conn = graceful.watch(conn);
+        let conn = Rewake::new(graceful.watch(conn), rewake);
         tokio::spawn(async move {
             let _slot = slot;
             if let Err(e) = conn.await {
