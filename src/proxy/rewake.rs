@@ -5,11 +5,13 @@
 //! service (running in that same task) through a channel whose receiver wakes the sender's
 //! waker when it takes a chunk, even when the sender is gone. That waker is the task's own.
 //! tokio treats a wake during the task's own poll as a yield: the task goes to the back of the
-//! run queue and another worker is woken to steal it. Each metered request so paid a futex
+//! run queue and another worker is woken to steal it. Each request with a body so paid a futex
 //! wake, between reading the client's request and writing it upstream, and the woken worker
 //! competed for the CPU with the write (`strace -f` shows `recvfrom`, `futex(WAKE)`, `writev`
 //! on every request). Polling again in place costs one more poll of the connection and no
-//! thread.
+//! thread. The fix belongs in hyper (wake the sender only when it waits):
+//! docs/upstream/hyper-1.13-chan-wake-waiting-sender.patch, which does the same on its own;
+//! with a hyper that carries it, this module can go.
 //!
 //! Fairness is kept: one poll from tokio polls the connection at most twice; a future that is
 //! still awake after that (hyper yields on purpose after a long run of reads) is woken through
@@ -60,7 +62,7 @@ impl Wake for Shared {
 }
 
 impl<F: Future> Rewake<F> {
-    /// `on`: whether the runtime has other workers to wake (see [`Rewake::wanted`]).
+    /// `on`: whether the runtime has other workers to wake (see [`wanted`]).
     pub fn new(inner: F, on: bool) -> Rewake<F> {
         let shared = Arc::new(Shared { state: AtomicU8::new(IDLE), task: AtomicWaker::new() });
         Rewake { inner: Box::pin(inner), on, waker: Waker::from(shared.clone()), shared }
