@@ -124,7 +124,7 @@ pub enum StatsSource {
 #[serde(deny_unknown_fields, default)]
 pub struct StatsSettings {
     pub source: StatsSource,
-    /// Base URL of Prometheus, e.g. http://prometheus.monitoring:9090.
+    /// Base URL of Prometheus, e.g. `http://prometheus.monitoring:9090`.
     pub prometheus_url: Option<String>,
     /// How often the statistics are read back.
     pub refresh_secs: u64,

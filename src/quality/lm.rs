@@ -2,8 +2,8 @@
 //! dynamically from libonnxruntime.so), and its tokenizer.json.
 //!
 //! A model directory holds `model.onnx` (inputs `input_ids`, `attention_mask`, optionally
-//! `position_ids`; output `token_logprobs` [B,S] as scripts/models/gguf_to_onnx.py makes, or
-//! `logits` [B,S,V] as optimum exports), `tokenizer.json`, and optionally `chat_template.jinja`
+//! `position_ids`; output `token_logprobs` `[B, S]` as scripts/models/gguf_to_onnx.py makes, or
+//! `logits` `[B, S, V]` as optimum exports), `tokenizer.json`, and optionally `chat_template.jinja`
 //! and `special_tokens.json` (`bos_token_id`) or Hugging Face's `tokenizer_config.json`.
 //!
 //! `Session::run` takes `&mut self`: every scoring thread loads its own `ReferenceLm`.

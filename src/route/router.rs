@@ -485,7 +485,7 @@ pub struct Choice {
     /// Every endpoint of every candidate is saturated and the class sheds: refuse with 429.
     pub shed: Option<String>,
     /// A metered request's sample of the chosen backend, for [`Dispatch::try_start`]; the
-    /// first one of an unmeasured backend is won by one choice only ([`SampleClaim::first`]).
+    /// first one of an unmeasured backend is won by one choice only (`SampleClaim::first`).
     /// Dropped unused, it frees the backend for the next choice.
     pub sample: Option<SampleClaim>,
 }
