@@ -203,6 +203,9 @@ async fn f5_every_forwarded_for_line_is_kept_and_the_proto_is_goodputs() {
     assert_eq!(xff, ["10.1.1.1, 10.2.2.2, 10.3.3.3, 127.0.0.1"]);
     let proto: Vec<_> = h.get_all("x-forwarded-proto").iter().collect();
     assert_eq!(proto, ["http"]);
+    // The upstream is named in Host, as hyper's client would name it, not the client's `x`.
+    let host: Vec<_> = h.get_all("host").iter().collect();
+    assert_eq!(host, [up.to_string().as_str()]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

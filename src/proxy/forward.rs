@@ -134,7 +134,8 @@ fn answer(
 }
 
 /// The request as it goes to `backend`: its URI built from the backend's parts and the
-/// client's path, the backend's configured headers, and the body (with the backend's model
+/// client's path, the endpoint's `Host`, the backend's configured headers (which may replace
+/// it), and the body (with the backend's model
 /// name on a route that rewrites it).
 fn upstream_request(
     parts: &Parts,
@@ -148,6 +149,9 @@ fn upstream_request(
     let target =
         parts.uri.path_and_query().cloned().unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
     let uri = backend.uri(endpoint, &target).map_err(|e| Error::new(Kind::BadTarget, e))?;
+    if let Some(host) = &endpoint.host {
+        headers.insert(header::HOST, host.clone());
+    }
     for (k, v) in &backend.headers {
         headers.insert(k.clone(), v.clone());
     }

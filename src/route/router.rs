@@ -24,6 +24,9 @@ pub struct Endpoint {
     pub label: Arc<str>,
     pub scheme: http::uri::Scheme,
     pub authority: http::uri::Authority,
+    /// The `Host` header of requests sent to it, made once (hyper's client would format it for
+    /// every request).
+    pub host: Option<http::HeaderValue>,
     outstanding: AtomicU64,
     breaker: Mutex<Breaker>,
     /// What its server reports about itself (route::server keeps it current).
@@ -32,10 +35,22 @@ pub struct Endpoint {
     decided: [OnceLock<prometheus::IntCounter>; PickReason::COUNT],
 }
 
+/// `Host` as hyper's client writes it: the host, and the port only when it is not the scheme's
+/// default. `None` (hyper then writes it) for an authority that is no header value.
+fn host_header(scheme: &http::uri::Scheme, authority: &http::uri::Authority) -> Option<http::HeaderValue> {
+    let default = if *scheme == http::uri::Scheme::HTTPS { 443 } else { 80 };
+    let value = match authority.port_u16() {
+        Some(port) if port != default => format!("{}:{port}", authority.host()),
+        _ => authority.host().to_string(),
+    };
+    http::HeaderValue::try_from(value).ok()
+}
+
 impl Endpoint {
     pub fn new(scheme: http::uri::Scheme, authority: http::uri::Authority, cfg: BreakerConfig) -> Endpoint {
         Endpoint {
             label: Arc::from(authority.as_str()),
+            host: host_header(&scheme, &authority),
             scheme,
             authority,
             outstanding: AtomicU64::new(0),
@@ -883,6 +898,20 @@ fn pick_endpoint(snap: &Snapshot, b: &ResolvedBackend, ask: &Ask<'_>, blocks: &[
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn host_names_the_port_only_when_it_is_not_the_schemes_default() {
+        let host = |scheme: &str, authority: &str| {
+            host_header(&scheme.parse().unwrap(), &authority.parse().unwrap()).unwrap()
+        };
+        assert_eq!(host("http", "vllm:8000"), "vllm:8000");
+        assert_eq!(host("http", "vllm:80"), "vllm");
+        assert_eq!(host("http", "vllm"), "vllm");
+        assert_eq!(host("https", "vllm:443"), "vllm");
+        assert_eq!(host("https", "vllm:80"), "vllm:80");
+        assert_eq!(host("http", "[::1]:8000"), "[::1]:8000");
+        assert_eq!(host("http", "user@vllm:8000"), "vllm:8000");
+    }
 
     #[test]
     fn draws_are_deterministic_and_uniform() {
