@@ -15,7 +15,7 @@
 #   scripts/bench-ab.sh REV_A [REV_B=working tree] [RATES="500 1000"] [DURATION=10s] [REPS=3]
 #                       [CHUNK_ROUNDS=3; 0 skips] [GP_WORKERS=1] [LOADGEN=k6|bench]
 #                       [PACED_RATES="100 400"] [PACED_DURATION=10s] [ZERO_DELAY=1; 0 skips]
-#                       [PROFILE=production] [PIN=0]
+#                       [PROFILE=production] [PIN=0] [A_BIN, B_BIN: builds made elsewhere]
 #
 # PIN=1 runs the paced rows with each proxy (A, B, nginx) on CPU 1 and the simulator and the load
 # generator on CPU 0, as a sidecar with a CPU of its own runs: a proxy's wait for a core then
@@ -49,8 +49,9 @@ K6="$(scripts/setup-bench.sh | tail -1)"
 # PROFILE=release measures the test build. The simulator and the load generator are the working
 # tree's release build either way.
 export PROFILE="${PROFILE:-production}"
-A_BIN="$(build_rev "$REV_A" | tail -1)"
-if [ -n "$REV_B" ]; then B_BIN="$(build_rev "$REV_B" | tail -1)"
+[ -n "${A_BIN:-}" ] || A_BIN="$(build_rev "$REV_A" | tail -1)"
+if [ -n "${B_BIN:-}" ]; then : # a build made elsewhere (scripts/build-pgo.sh)
+elif [ -n "$REV_B" ]; then B_BIN="$(build_rev "$REV_B" | tail -1)"
 else cargo build --profile "$PROFILE" --quiet --bin goodput; B_BIN="target/$PROFILE/goodput"; fi
 cargo build --release --quiet
 BIN=target/release/goodput

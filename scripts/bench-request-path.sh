@@ -13,6 +13,8 @@
 # Sampling slows the traced proxy a little; the latencies are also given without it (SAMPLE_US=0).
 #
 #   scripts/bench-request-path.sh REV_A [RATE=100] [REQUESTS=1000] [REPS=2] [SAMPLE_US=100]
+#                                 [A_BIN, B_BIN: builds made elsewhere, in place of REV_A's and
+#                                 the working tree's, e.g. scripts/build-pgo.sh's]
 #
 # Needs perf with tracepoints (root, or kernel.perf_event_paranoid at -1). Release builds (the
 # samples need symbols). Results: target/bench/request-path.jsonl and a table on stdout.
@@ -32,10 +34,11 @@ scripts/setup-bench.sh >/dev/null # nginx
 
 # shellcheck source=scripts/bench/lib.sh
 source scripts/bench/lib.sh
-A_BIN="$(build_rev "$REV_A" | tail -1)"
+[ -n "${A_BIN:-}" ] || A_BIN="$(build_rev "$REV_A" | tail -1)"
 cargo build --release --quiet
 BIN=target/release/goodput
 LOADGEN_BIN="$BIN"
+B_BIN="${B_BIN:-$BIN}"
 
 start "$BIN" sim --listen 127.0.0.1:0 --ttft-ms 50 --tpot-ms 10 --jitter 0 --output-tokens 64
 SIM="${LINE##*addr=}"
@@ -63,7 +66,7 @@ for rep in $(seq "$REPS"); do
       pid="$(pgrep -P "$master" | head -1)"
       addr="127.0.0.1:$port"
     else
-      bin="$BIN"; [ "$name" = "$REV_A" ] && bin="$A_BIN"
+      bin="$B_BIN"; [ "$name" = "$REV_A" ] && bin="$A_BIN"
       BIN="$bin" start_goodput --upstream "http://$SIM" --workers 1
       pid="$GP_PID" addr="$GP"
     fi
