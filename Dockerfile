@@ -14,11 +14,18 @@ ARG PYTHON_VERSION=3.11
 
 FROM rust:${RUST_VERSION}-bookworm AS build
 ARG FEATURES=""
+# PGO=1: the profile-guided build (scripts/build-pgo.sh; twice the build time, and a request on
+# a CPU it shares with other work takes a shorter path: BENCHMARKS.md). PGO=0: a plain build.
+ARG PGO=1
 WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 COPY src src
 COPY benches benches
-RUN cargo build --profile production --locked --bin goodput ${FEATURES:+--features ${FEATURES}}
+COPY scripts/build-pgo.sh scripts/
+COPY scripts/bench/lib.sh scripts/bench/
+RUN if [ "$PGO" = 1 ]; then FEATURES="$FEATURES" scripts/build-pgo.sh; \
+    else cargo build --profile production --locked --bin goodput ${FEATURES:+--features ${FEATURES}} \
+         && mkdir -p target/pgo/use/production && cp target/production/goodput target/pgo/use/production/; fi
 
 # libonnxruntime.so from the PyPI wheel, as scripts/setup-onnxruntime.sh takes it.
 FROM python:${PYTHON_VERSION}-slim-bookworm AS onnxruntime
@@ -53,7 +60,7 @@ USER 65532:65532
 FROM debian:bookworm-slim AS runtime
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/target/production/goodput /usr/local/bin/goodput
+COPY --from=build /src/target/pgo/use/production/goodput /usr/local/bin/goodput
 COPY --from=onnxruntime /opt/onnxruntime/ /usr/lib/goodput/
 COPY config/goodput.yaml /etc/goodput/goodput.yaml
 ENV ORT_DYLIB_PATH=/usr/lib/goodput/libonnxruntime.so
