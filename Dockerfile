@@ -23,7 +23,7 @@ COPY src src
 COPY benches benches
 COPY scripts/build-pgo.sh scripts/
 COPY scripts/bench/lib.sh scripts/bench/
-RUN if [ "$PGO" = 1 ]; then FEATURES="$FEATURES" scripts/build-pgo.sh; \
+RUN if [ "$PGO" = 1 ]; then scripts/build-pgo.sh; \
     else cargo build --profile production --locked --bin goodput ${FEATURES:+--features ${FEATURES}} \
          && mkdir -p target/pgo/use/production && cp target/production/goodput target/pgo/use/production/; fi
 

@@ -135,8 +135,7 @@ fn answer(
 
 /// The request as it goes to `backend`: its URI built from the backend's parts and the
 /// client's path, the endpoint's `Host`, the backend's configured headers (which may replace
-/// it), and the body (with the backend's model
-/// name on a route that rewrites it).
+/// it), and the body (with the backend's model name on a route that rewrites it).
 fn upstream_request(
     parts: &Parts,
     mut headers: HeaderMap,
