@@ -12,8 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub type Connector = hyper_rustls::HttpsConnector<HttpConnector>;
-/// What the connector gives: a TCP stream, with TLS over it for `https://`.
-pub type UpstreamIo = hyper_rustls::MaybeHttpsStream<hyper_util::rt::TokioIo<tokio::net::TcpStream>>;
 
 /// Trusted roots: the system's (as rustls-native-certs finds them) and the config's CA files.
 pub fn roots(ca_files: &[PathBuf]) -> Result<rustls::RootCertStore, String> {
@@ -54,9 +52,7 @@ pub fn connector(ca_files: &[PathBuf], connect_timeout: Duration) -> Result<Conn
         .wrap_connector(http))
 }
 
-/// hyper-util's pooled client, as the side callers (the server watcher, the Prometheus reader,
-/// the consistency re-samples) build it; the request path has its own (`proxy::upstream`),
-/// with the same rule. An idle connection is reused only
+/// hyper's pooled client, as every upstream caller builds it. An idle connection is reused only
 /// within `pool_idle` of its last answer and closed after it: a server closes its own idle
 /// connections (vLLM's and llama.cpp's after 5 s), and a request written to one it is closing
 /// fails after the upstream may have read it, so it cannot be sent again.

@@ -149,9 +149,9 @@ impl Error {
         self.kind.is_upstream() && !self.sent
     }
 
-    /// Classify a failure of a request that hyper had begun to write: it may have reached the
-    /// upstream. A failure of the client's own streamed body is the client's.
-    pub fn from_send(e: hyper::Error) -> Error {
+    /// Classify a failure of hyper's client. A connect error has sent nothing; anything after
+    /// the connection was made may have written the request.
+    pub fn from_client(e: hyper_util::client::legacy::Error, connect_ms: u64) -> Error {
         // The client's streamed body failed, not the upstream: the client's error, which
         // neither the breaker nor the upstream error count may hear of.
         let body = chain(&e).find_map(|s| s.downcast_ref::<ClientBodyError>()).map(|b| {
@@ -164,12 +164,28 @@ impl Error {
         if let Some((kind, message)) = body {
             return Error::new(kind, message).with_source(e).sent(true);
         }
+        if e.is_connect() {
+            let timed_out = chain(&e).any(|s| {
+                s.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+            });
+            return if timed_out {
+                Error::new(
+                    Kind::UpstreamConnectTimeout,
+                    format!("could not connect to the upstream within {connect_ms} ms"),
+                )
+            } else {
+                Error::new(Kind::UpstreamConnect, "could not connect to the upstream")
+            }
+            .with_source(e);
+        }
         Error::new(Kind::UpstreamProtocol, "upstream failed before answering").with_source(e).sent(true)
     }
 
     /// The answer the client gets: the kind's status and an OpenAI-style error body.
     pub fn response(&self) -> Response<ProxyBody> {
-        let cause = std::error::Error::source(self).map(|s| s.to_string());
+        // The first cause below hyper-util's own wrapper ("client error (Connect)").
+        let cause =
+            chain(self).skip(1).find(|s| !s.is::<hyper_util::client::legacy::Error>()).map(|s| s.to_string());
         let message = match cause {
             Some(cause) if self.kind.is_upstream() => format!("{}: {cause}", self.message),
             _ => self.message.clone(),
@@ -212,7 +228,7 @@ impl std::error::Error for ClientBodyError {
 }
 
 /// An error and its sources, outermost first.
-pub(super) fn chain<'a>(
+fn chain<'a>(
     e: &'a (dyn std::error::Error + 'static),
 ) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
     std::iter::successors(Some(e), |e| e.source())

@@ -1,5 +1,5 @@
-//! Phase 3, forward: the upstream call (`upstream::Client`), within the first-byte timeout,
-//! and failover. A request goes to another candidate only when the failure surely
+//! Phase 3, forward: the upstream call over hyper's pooled client, within the first-byte
+//! timeout, and failover. A request goes to another candidate only when the failure surely
 //! left none of it at the upstream (a connect error) and its body is in memory; a request that
 //! may have been written is never sent twice, since the backend may be generating for it.
 
@@ -7,13 +7,13 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, StatusCode, header};
 use http_body_util::{Either, Full};
+use hyper::body::Incoming;
 use std::time::{Duration, Instant};
 
 use super::admit::ClientBody;
 use super::error::{Error, Kind};
 use super::meter::MeteredRequest;
 use super::route::{self, Peer};
-use super::upstream::ResponseBody;
 use super::{Proxy, UpstreamBody};
 use crate::config::reload::{ResolvedBackend, ResolvedRoute, Snapshot};
 use crate::openai::request::rewrite_model;
@@ -42,7 +42,7 @@ pub async fn forward(
     snap: &Snapshot,
     out: Outbound<'_>,
     metered: &mut Option<MeteredRequest>,
-) -> Result<(Response<ResponseBody>, Peer, Instant), Error> {
+) -> Result<(Response<Incoming>, Peer, Instant), Error> {
     let Outbound { mut parts, body, route, slo_headers, model, id, prompt } = out;
     let endpoints: usize = route.candidates.iter().map(|&i| snap.backends[i].state.endpoints().len()).sum();
     let can_failover = matches!(body, ClientBody::Whole(_)) && endpoints > 1;
@@ -82,7 +82,7 @@ pub async fn forward(
         }
         let first_byte = Duration::from_millis(timeouts.first_byte_ms);
         let first_token_by = Instant::now() + first_byte;
-        let sent = tokio::time::timeout(first_byte, proxy.client.send(req)).await;
+        let sent = tokio::time::timeout(first_byte, proxy.client.request(req)).await;
         let err = match answer(sent, &timeouts) {
             Ok(resp) => return Ok((resp, peer, first_token_by)),
             Err(e) => e,
@@ -112,9 +112,9 @@ pub async fn forward(
 
 /// The upstream's answer, or why there is none.
 fn answer(
-    sent: Result<Result<Response<ResponseBody>, Error>, tokio::time::error::Elapsed>,
+    sent: Result<Result<Response<Incoming>, hyper_util::client::legacy::Error>, tokio::time::error::Elapsed>,
     timeouts: &crate::config::Timeouts,
-) -> Result<Response<ResponseBody>, Error> {
+) -> Result<Response<Incoming>, Error> {
     match sent {
         Ok(Ok(resp)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
             // goodput strips Upgrade, so no request asked for this: relaying it would leave
@@ -123,7 +123,8 @@ fn answer(
             Err(Error::new(Kind::UpstreamUpgrade, "upstream switched protocols without being asked")
                 .sent(true))
         }
-        Ok(result) => result,
+        Ok(Ok(resp)) => Ok(resp),
+        Ok(Err(e)) => Err(Error::from_client(e, timeouts.connect_ms)),
         Err(_) => Err(Error::new(
             Kind::UpstreamFirstByteTimeout,
             format!("upstream sent no response headers within {} ms", timeouts.first_byte_ms),

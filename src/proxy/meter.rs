@@ -9,7 +9,7 @@
 use bytes::Bytes;
 use http::{HeaderValue, Response, header};
 use http_body_util::Either;
-use hyper::body::{Body, Frame, SizeHint};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
 use prometheus::IntGauge;
 use std::future::Future;
 use std::pin::Pin;
@@ -21,7 +21,6 @@ use tokio::time::Sleep;
 use super::ProxyBody;
 use super::error::BoxError;
 use super::headers;
-use super::upstream::ResponseBody;
 use crate::config::Config;
 use crate::config::reload::ResolvedBackend;
 use crate::meter::observe::ResponseMeter;
@@ -58,7 +57,7 @@ pub struct Upstream {
 /// The answer as the client gets it: hop-by-hop headers gone, the framing headers the ones
 /// hyper parsed, goodput's routing headers when configured, and the body metered.
 pub fn response_filter(
-    resp: Response<ResponseBody>,
+    resp: Response<Incoming>,
     metered: Option<MeteredRequest>,
     upstream: Upstream,
     cfg: &Config,
@@ -178,7 +177,7 @@ pub struct Metering {
 }
 
 pub struct MeteredBody {
-    inner: ResponseBody,
+    inner: Incoming,
     metering: Option<Box<Metering>>,
     /// Counts the request as outstanding at its backend until the body is dropped; with
     /// metering, the request's final outcome goes to the backend's circuit breaker.
@@ -206,7 +205,7 @@ pub struct MeteredBody {
 
 impl MeteredBody {
     pub fn new(
-        inner: ResponseBody,
+        inner: Incoming,
         metering: Option<Box<Metering>>,
         dispatch: Option<Dispatch>,
         idle_after: Duration,

@@ -1,6 +1,5 @@
 //! The proxy. hyper serves every client connection (`server`) and sends every upstream
-//! request (`upstream`: its HTTP/1 connections, pooled and driven in the request's own task);
-//! goodput's own code is the four phases of `Proxy::handle`,
+//! request (one pooled client); goodput's own code is the four phases of `Proxy::handle`,
 //! each in its own file, read in the order a request meets them:
 //!
 //! 1. `admit`: refuse what must not be forwarded, header hygiene, the body within its limit;
@@ -22,12 +21,12 @@ pub mod meter;
 pub mod rewake;
 pub mod route;
 pub mod server;
-pub mod upstream;
 
 use bytes::Bytes;
 use http::{Request, Response, header};
 use http_body_util::{Either, Full};
 use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -52,7 +51,7 @@ pub struct Proxy {
     pub recorder: Recorder,
     pub metrics: Metrics,
     pub router: Arc<Router>,
-    client: upstream::Client,
+    client: Client<crate::tls::Connector, UpstreamBody>,
     ready: AtomicBool,
     /// Set on SIGTERM: /readyz answers 503 so that load balancers stop sending.
     pub draining: AtomicBool,
@@ -153,12 +152,8 @@ impl Proxy {
         sampling: Sampling,
         connector: crate::tls::Connector,
     ) -> Arc<Proxy> {
-        let timeouts = config.load().config.timeouts;
-        let client = upstream::Client::new(
-            connector,
-            Duration::from_millis(timeouts.pool_idle_ms),
-            timeouts.connect_ms,
-        );
+        let pool_idle = Duration::from_millis(config.load().config.timeouts.pool_idle_ms);
+        let client = crate::tls::client_builder(pool_idle).pool_max_idle_per_host(1024).build(connector);
         Arc::new(Proxy {
             config,
             recorder,
@@ -192,7 +187,7 @@ impl Proxy {
                         .header(header::USER_AGENT, "goodput-readiness")
                         .body(Either::Left(Full::new(Bytes::new())))
                     && let Ok(Ok(_)) =
-                        tokio::time::timeout(Duration::from_secs(5), this.client.send(req)).await
+                        tokio::time::timeout(Duration::from_secs(5), this.client.request(req)).await
                 {
                     this.ready.store(true, Ordering::Relaxed);
                     tracing::info!(upstream = %backend.describe(), "upstream answered; ready");

@@ -16,7 +16,8 @@
 //! Fairness is kept: one poll from tokio polls the connection at most twice; a future that is
 //! still awake after that (hyper yields on purpose after a long run of reads) is woken through
 //! tokio as before. On a current-thread runtime (`--workers 1`) there is no other worker to
-//! wake, so there `Rewake` stays out of the way.
+//! wake: a self-wake only queues the task behind the upstream connection's, which then writes
+//! the request first, so there `Rewake` stays out of the way.
 
 use atomic_waker::AtomicWaker;
 use std::future::Future;
