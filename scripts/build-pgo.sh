@@ -7,6 +7,9 @@
 #
 #   scripts/build-pgo.sh        # prints the binary's path: target/pgo/use/production/goodput
 #   FEATURES=cuda scripts/build-pgo.sh
+#   scripts/build-pgo.sh REV    # REV built and trained the same way, in bench-ab.sh's worktree
+#                               # (target/ab/src-REV), so that two profile-guided builds can be
+#                               # compared: prints target/ab/src-REV/target/pgo/use/production/goodput
 #
 # Three steps, about 15 minutes on 2 cores (two full builds):
 #   1. an instrumented build (-Cprofile-generate);
@@ -18,6 +21,13 @@
 # directory that is thrown away. Needs no network once llvm-tools is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# The training below runs from here (its helpers are this tree's); the builds run in SRC.
+SRC=.
+if [ -n "${1:-}" ]; then
+  SRC="target/ab/src-$1"
+  mkdir -p target/ab
+  [ -d "$SRC" ] || git worktree add --detach "$SRC" "$1" >&2
+fi
 
 sysroot="$(rustc --print sysroot)"
 profdata="$(find "$sysroot" -name llvm-profdata -type f 2>/dev/null | head -1)"
@@ -27,14 +37,14 @@ if [ -z "$profdata" ]; then
 fi
 [ -x "$profdata" ] || { echo "llvm-profdata not found (rustup component add llvm-tools)" >&2; exit 1; }
 
-PGO="$PWD/target/pgo"
+PGO="$(cd "$SRC" && pwd)/target/pgo"
 features=()
 if [ -n "${FEATURES:-}" ]; then features=(--features "$FEATURES"); fi
 rm -rf "$PGO/data" "$PGO/discard"
 mkdir -p "$PGO/data" "$PGO/discard"
 # RUSTFLAGS also reach build scripts and proc macros, which then write profiles as they run.
-LLVM_PROFILE_FILE="$PGO/discard/%p-%m.profraw" RUSTFLAGS="-Cprofile-generate=$PGO/discard" \
-  CARGO_TARGET_DIR="$PGO/gen" cargo build --profile production --locked --quiet --bin goodput "${features[@]}" >&2
+(cd "$SRC" && LLVM_PROFILE_FILE="$PGO/discard/%p-%m.profraw" RUSTFLAGS="-Cprofile-generate=$PGO/discard" \
+  CARGO_TARGET_DIR="$PGO/gen" cargo build --profile production --locked --quiet --bin goodput "${features[@]}" >&2)
 GEN="$PGO/gen/production/goodput"
 
 # shellcheck source=scripts/bench/lib.sh
@@ -53,8 +63,14 @@ for workers in 1 2; do
   wait "$GP_PID" || true
 done
 ls "$PGO"/data/*.profraw >/dev/null || { echo "training wrote no profile" >&2; exit 1; }
+rm -f "$PGO"/goodput*.profdata
 "$profdata" merge -o "$PGO/goodput.profdata" "$PGO"/data/*.profraw
+# Cargo does not track the contents of a file that RUSTFLAGS names: a profile named by its
+# contents makes every crate build again with a new one, not only those whose source changed.
+prof="$PGO/goodput-$(sha256sum "$PGO/goodput.profdata" | cut -c1-16).profdata"
+mv "$PGO/goodput.profdata" "$prof"
 
-RUSTFLAGS="-Cprofile-use=$PGO/goodput.profdata -Cllvm-args=-pgo-warn-missing-function=false" \
-  CARGO_TARGET_DIR="$PGO/use" cargo build --profile production --locked --quiet --bin goodput "${features[@]}" >&2
-echo "target/pgo/use/production/goodput"
+(cd "$SRC" && RUSTFLAGS="-Cprofile-use=$prof -Cllvm-args=-pgo-warn-missing-function=false" \
+  CARGO_TARGET_DIR="$PGO/use" cargo build --profile production --locked --quiet --bin goodput "${features[@]}" >&2)
+out=target/pgo/use/production/goodput
+if [ "$SRC" = . ]; then echo "$out"; else echo "$SRC/$out"; fi
