@@ -21,13 +21,11 @@
 # directory that is thrown away. Needs no network once llvm-tools is installed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/bench/lib.sh
+source scripts/bench/lib.sh
 # The training below runs from here (its helpers are this tree's); the builds run in SRC.
 SRC=.
-if [ -n "${1:-}" ]; then
-  SRC="target/ab/src-$1"
-  mkdir -p target/ab
-  [ -d "$SRC" ] || git worktree add --detach "$SRC" "$1" >&2
-fi
+if [ -n "${1:-}" ]; then SRC="$(rev_worktree "$1")"; fi
 
 sysroot="$(rustc --print sysroot)"
 profdata="$(find "$sysroot" -name llvm-profdata -type f 2>/dev/null | head -1)"
@@ -47,8 +45,6 @@ mkdir -p "$PGO/data" "$PGO/discard"
   CARGO_TARGET_DIR="$PGO/gen" cargo build --profile production --locked --quiet --bin goodput "${features[@]}" >&2)
 GEN="$PGO/gen/production/goodput"
 
-# shellcheck source=scripts/bench/lib.sh
-source scripts/bench/lib.sh
 export LLVM_PROFILE_FILE="$PGO/discard/%p-%m.profraw"
 start "$GEN" sim --listen 127.0.0.1:0 --ttft-ms 5 --tpot-ms 2 --jitter 0 --output-tokens 32
 sim="${LINE##*addr=}"

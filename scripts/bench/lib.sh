@@ -8,12 +8,19 @@ trap cleanup EXIT
 proc_tree() { local p="$1"; echo "$p"; for c in $(pgrep -P "$p" || true); do proc_tree "$c"; done; }
 cpu_ticks() { local t=0; for p in $(proc_tree "$1"); do [ -r "/proc/$p/stat" ] && t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done; echo "$t"; }
 
+# REV -> its git worktree, target/ab/src-REV (made on first use).
+rev_worktree() {
+  local dir="target/ab/src-$1"
+  mkdir -p target/ab
+  if [ ! -d "$dir" ]; then git worktree add --detach "$dir" "$1" >&2; fi
+  echo "$dir"
+}
+
 # REV -> path of its binary (cargo profile $PROFILE, default release), built in a git worktree
 # under target/ab.
 build_rev() {
-  local rev="$1" dir="target/ab/src-$1" profile="${PROFILE:-release}"
-  mkdir -p target/ab
-  if [ ! -d "$dir" ]; then git worktree add --detach "$dir" "$rev" >&2; fi
+  local rev="$1" dir profile="${PROFILE:-release}"
+  dir="$(rev_worktree "$rev")"
   (cd "$dir" && cargo build --profile "$profile" --quiet --bin goodput --target-dir ../target >&2)
   cp -f "target/ab/target/$profile/goodput" "target/ab/target/$profile/goodput-$rev"
   echo "target/ab/target/$profile/goodput-$rev"
