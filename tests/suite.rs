@@ -2,9 +2,11 @@
 //! test binary, not one per file: each links all of goodput, and the release build of two dozen
 //! of them took longer than the rest of the build. Tests that share a server take it one at a
 //! time (`common::vllm`); `tests/cuda.rs` is its own target (the `cuda` feature, on a GPU).
+//! One module reads the source instead: `architecture` holds `src/` to ARCHITECTURE.md's table.
 
 mod common;
 
+mod architecture;
 mod bench;
 mod config_reload;
 mod consistency;
