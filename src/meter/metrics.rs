@@ -700,3 +700,58 @@ impl Metrics {
         out
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    /// The names this file registers: its string literals that look like a metric's name,
+    /// label lists (`&[…]`) left out.
+    fn registered() -> BTreeSet<String> {
+        let src = include_str!("metrics.rs");
+        let src = src.split("#[cfg(test)]").next().unwrap();
+        let mut code = String::new();
+        let mut rest = src;
+        while let Some(i) = rest.find("&[") {
+            code.push_str(&rest[..i]);
+            rest = &rest[i..];
+            rest = &rest[rest.find(']').map_or(rest.len(), |j| j + 1)..];
+        }
+        code.push_str(rest);
+        code.split('"')
+            .skip(1)
+            .step_by(2)
+            .filter(|s| {
+                ["goodput_", "gen_ai_", "process_"].iter().any(|p| s.starts_with(p))
+                    && s.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+            })
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// The names README's metrics table lists (a row may name two).
+    fn documented() -> BTreeSet<String> {
+        let readme = include_str!("../../README.md");
+        let section = readme.split("\n## Metrics\n").nth(1).unwrap().split("\n## ").next().unwrap();
+        section
+            .lines()
+            .filter(|l| l.starts_with("| `"))
+            .flat_map(|l| {
+                let first = l.split('|').nth(1).unwrap();
+                first.split('`').skip(1).step_by(2).map(str::to_string).collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn readme_lists_every_metric_and_no_other() {
+        let (code, doc) = (registered(), documented());
+        assert!(code.len() > 50, "the scan found {} names: {code:?}", code.len());
+        let missing: Vec<_> = code.difference(&doc).collect();
+        let stale: Vec<_> = doc.difference(&code).collect();
+        assert!(
+            missing.is_empty() && stale.is_empty(),
+            "README's metrics table lacks {missing:?} and lists {stale:?}, which nothing registers"
+        );
+    }
+}
