@@ -207,9 +207,9 @@ async fn healthy_and_gibberish_traffic_get_rates_that_order_them() {
     let (hr, gr) = (rate(hb).expect("healthy has a rate"), rate(gb).expect("gibberish has a rate"));
     // The threshold's share of the reference is REFERENCE_RATE, and later healthy answers
     // land near it, gibberish nearly all above. Near, not on: forty checks set the threshold,
-    // so one run's rate spreads about 0.08 around it. It read below one half in every run
-    // measured (BENCHMARKS.md); the bound leaves room for that spread, so that the test fails
-    // for a broken calibration, not for an unlucky one.
+    // so one run's rate spreads about 0.1 around it. It read below one half in the 25 runs
+    // measured and 0.63 in one CI run (BENCHMARKS.md); the bound leaves room for that spread,
+    // so that the test fails for a broken calibration, not for an unlucky one.
     assert!(hr < 0.6, "healthy rate {hr}");
     assert!(gr > 0.85 && gr - hr > 0.3, "gibberish rate {gr} against healthy {hr}");
     assert!(wrong(&g) > 0.8, "temperature 1.8 did not give gibberish: {:.2} wrong", wrong(&g));
