@@ -122,6 +122,7 @@ quality:
   sample_rate: 0.3
   max_cpu: 8
   perplexity: {{model_dir: "{dir}", onnxruntime: "{ort}"}}
+  drift: {{min_samples: 5}}  # the drift panels have data after 5 scores a side, not 20
   consistency: {{sample_rate: 0.2, samples: 2, methods: [unigram], max_token_share: 1.0, max_concurrent: 2, calibration: {{checks: 10, reference_rate: 0.2}}}}
 "#
     ));
