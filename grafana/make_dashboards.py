@@ -120,8 +120,15 @@ def overview():
         [(f'sum by (backend) (rate(goodput_requests_total{{{SEL},outcome=~"upstream_error|upstream_reset|connect_error|timeout"}}[{RI}])) or vector(0)', "{{backend}}")],
         "reqps",
     )
-    b.panel("Time to first token (streams)", quantiles("gen_ai_server_time_to_first_token_seconds"), "s")
-    b.panel("Time per output token", quantiles("gen_ai_server_time_per_output_token_seconds"), "s")
+    b.panel("Time to first token (streams)", quantiles("gen_ai_server_time_to_first_token_seconds"), "s", w=8)
+    b.panel("Time per output token", quantiles("gen_ai_server_time_per_output_token_seconds"), "s", w=8)
+    b.panel(
+        "Inter-token latency (streams)",
+        quantiles("goodput_inter_token_latency_seconds"),
+        "s",
+        w=8,
+        description="Gaps between content-bearing chunks, divided by the tokens a chunk carried when the server reports it: the stalls a reader sees, which a mean time per output token hides.",
+    )
     b.panel("End-to-end latency", quantiles("gen_ai_server_request_duration_seconds", extra=',outcome="ok"'), "s")
     b.panel(
         "Output tokens/s: throughput and latency goodput",
@@ -178,7 +185,23 @@ def overview():
         [(f"histogram_quantile({q}, sum by (le) (rate(goodput_proxy_overhead_seconds_bucket[{RI}])))", f"p{int(q * 100)}") for q in (0.5, 0.99)],
         "s",
     )
-    b.panel("Requests in flight", [('sum by (backend) (goodput_in_flight_requests{backend=~"$backend"})', "{{backend}}")], "short")
+    b.panel(
+        "Requests in flight and client connections",
+        [
+            ('sum by (backend) (goodput_in_flight_requests{backend=~"$backend"})', "{{backend}}"),
+            ("sum(goodput_client_connections)", "client connections (limits.max_connections)"),
+        ],
+        "short",
+    )
+    b.panel(
+        "Refused by goodput, and records dropped (/s)",
+        [
+            (f"sum by (reason) (rate(goodput_rejected_total[{RI}])) or vector(0)", "refused {{reason}}"),
+            (f"sum(rate(goodput_records_dropped_total[{RI}]))", "records dropped (missing from every figure)"),
+        ],
+        "reqps",
+        description="503s that goodput answered itself: max_connections, or backend_at_capacity (every backend of a route at its max_concurrency). Records dropped: requests forwarded but not measured because the recorder fell behind; should stay 0.",
+    )
     b.panel(
         "Tokens/s by source of the count",
         [(f"sum by (type, source) (rate(goodput_tokens_total{{{SEL}}}[{RI}]))", "{{type}} {{source}}")],
