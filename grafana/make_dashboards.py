@@ -252,6 +252,16 @@ def quality():
         "short",
     )
     b.panel(
+        "Consistency checks: skipped, failed, shadow errors (/s)",
+        [
+            (f"sum by (reason) (rate(goodput_shadow_checks_skipped_total[{RI}])) or vector(0)", "skipped {{reason}}"),
+            (f"sum(rate(goodput_consistency_failed_total[{RI}]))", "failed (no usable re-sample or score)"),
+            (f'sum by (backend, kind) (rate(goodput_shadow_requests_total{{backend=~"$backend",outcome!="ok"}}[{RI}])) or vector(0)', "shadow {{kind}} errors {{backend}}"),
+        ],
+        "reqps",
+        description="Checks not run (token_budget, cpu_budget, queue_full, ...) or run without a verdict, and the re-sample requests that failed or timed out. A check that does not finish is left out of the consistency figures, neither consistent nor not.",
+    )
+    b.panel(
         "Scoring time per response",
         [(f"histogram_quantile({q}, sum by (le) (rate(goodput_scoring_duration_seconds_bucket[{RI}])))", f"p{int(q * 100)}") for q in (0.5, 0.95)],
         "s",
