@@ -394,6 +394,7 @@ def routing():
         "Pool: endpoints and requests outstanding",
         [
             ('goodput_pool_endpoints{backend=~"$backend"}', "{{backend}} endpoints"),
+            ('sum by (backend) (goodput_server_metrics_up{backend=~"$backend"})', "{{backend}} endpoints whose vLLM /metrics goodput reads"),
             ('goodput_endpoint_outstanding_requests{backend=~"$backend"}', "{{backend}} {{endpoint}} outstanding"),
         ],
         "short",
