@@ -402,6 +402,12 @@ def routing():
         "short",
     )
     b.panel(
+        "Pool: DNS lookups/s by result",
+        [(f'sum by (backend, result) (rate(goodput_discovery_refreshes_total{{backend=~"$backend"}}[{RI}]))', "{{backend}} {{result}}")],
+        "reqps",
+        description="Pools found in DNS only. A failed lookup keeps the last answer's endpoints, so errors with no success mean the pool no longer follows its Service (GoodputDiscoveryFailing after 15 minutes).",
+    )
+    b.panel(
         "Failovers and upstream errors",
         [
             (f'sum by (backend) (rate(goodput_route_decisions_total{{reason="failover"}}[{RI}])) or vector(0)', "failover to {{backend}}"),

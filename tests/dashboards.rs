@@ -110,6 +110,11 @@ backends:
     models: [m]
     sim: {{model: m, seed: 2, ttft_ms: 120, tpot_ms: 2, output_tokens: 16, quality: 0.5}}
     price: {{input_per_1m: 0.5, output_per_1m: 1.5}}
+  # A pool found in DNS whose name server never answers (nothing listens on port 9): the
+  # lookup panel's errors. No route sends to it.
+  - name: dns-pool
+    models: [m]
+    discovery: {{dns: vllm.goodput-test.invalid, port: 8000, refresh_secs: 1, nameserver: "127.0.0.1:9"}}
 slo: {{ttft_ms: 100, tpot_ms: 20, e2e_ms: 2000}}
 classes:
   interactive: {{ttft_p95_ms: 100, max_perplexity: 200, objective: cheapest}}

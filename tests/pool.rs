@@ -297,6 +297,8 @@ limits: {retry_after_secs: 2}
     assert_eq!(header(&r, "x-goodput-reason"), "best_value");
     assert_eq!(header(&r, "x-goodput-endpoint-reason"), "all_saturated");
     assert_eq!(a.served() + b.served(), 1, "the shed request reached no replica");
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_rejected_total", &[("reason", "overloaded")]), 1.0, "the shed is counted");
 }
 
 /// A DNS server from PyPI (dnslib) on loopback, answering from a zone file it re-reads.
@@ -421,12 +423,50 @@ async fn a_pool_found_in_dns_follows_the_answer_while_requests_flow() {
         assert!(t.elapsed() < Duration::from_secs(3), "{}", gp.metrics().await);
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // The DNS server failing keeps the last endpoints.
+    // The DNS server failing keeps the last endpoints, and the failed lookups are counted.
     drop(dns);
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    wait_metric(&gp, "goodput_discovery_refreshes_total", &[("backend", "pool"), ("result", "error")], 1.0)
+        .await;
     let seen = send_some(8, "dns down").await;
     assert!(seen.is_subset(&[at("127.0.0.3"), at("127.0.0.4")].into()) && !seen.is_empty());
     assert!(replicas[0].served() > 0 && replicas[2].served() > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_name_does_not_resolve_refuses_counted_until_it_does() {
+    let port = free_port();
+    let replica = Replica::spawn(&format!("127.0.0.2:{port}")).await.1;
+    let dir = temp_dir("dns-none");
+    let name = "vllm.not-yet.svc.cluster.local.";
+    let (dns, gp) = dns_pool(&dir, name, port, &[]);
+    let failed = [("backend", "pool"), ("result", "error")];
+    wait_metric(&gp, "goodput_discovery_refreshes_total", &failed, 1.0).await;
+    // No address known: a clear refusal with Retry-After, counted as one for want of capacity.
+    let r = send(gp.proxy, chat("s", "too early")).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(header(&r, "retry-after"), "1");
+    assert_eq!(r.json()["error"]["code"], "no_endpoint", "{}", r.text());
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_rejected_total", &[("reason", "no_endpoint")]), 1.0);
+    assert_eq!(metric(&m, "goodput_pool_endpoints", &[("backend", "pool")]), 0.0);
+    let bk = gp.admin_json("/admin/backends").await;
+    let why = bk["backends"][0]["discovery"]["error"].as_str().unwrap_or_default().to_string();
+    assert!(why.contains("not-yet"), "the lookup's error is shown: {bk}");
+    // The name resolves: the pool follows at the next refresh.
+    dns.answer(name, &["127.0.0.2"]);
+    let t = std::time::Instant::now();
+    loop {
+        let r = send(gp.proxy, chat("s", "now")).await;
+        if r.status == 200 {
+            break;
+        }
+        assert_eq!(r.status, 503, "{}", r.text());
+        assert!(t.elapsed() < Duration::from_secs(10), "the answer was not followed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(replica.served(), 1);
+    let ok = [("backend", "pool"), ("result", "success")];
+    assert!(metric(&gp.metrics().await, "goodput_discovery_refreshes_total", &ok) >= 1.0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

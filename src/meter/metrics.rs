@@ -585,7 +585,7 @@ impl Metrics {
             rejected: counter(
                 &reg,
                 "goodput_rejected_total",
-                "Connections or requests refused with 503 + Retry-After on a limit, by reason: max_connections, backend_at_capacity (every candidate at its max_concurrency).",
+                "Connections or requests refused for want of capacity, with Retry-After, by reason: max_connections (503), backend_at_capacity (503, every candidate at its max_concurrency), no_endpoint (503, no endpoint known), overloaded (429, a class that sheds).",
                 &["reason"],
             ),
             process_resident_memory: int_gauge(

@@ -131,7 +131,8 @@ impl Proxy {
     /// The answer to a request goodput refused or could not forward; a metered request's record
     /// is filed with the error's outcome.
     fn fail(&self, e: Error, metered: Option<MeteredRequest>) -> Response<ProxyBody> {
-        if e.kind == Kind::AtCapacity {
+        // Refused for want of capacity, not for the request's fault: what an operator must see.
+        if matches!(e.kind, Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint) {
             self.metrics.rejected.with_label_values(&[e.kind.code()]).inc();
         }
         if let Some(MeteredRequest { mut record, payload, t0, .. }) = metered {
