@@ -4,7 +4,8 @@ PyPI helm-python-sdk: no helm binary), then validate every rendered object with
 `kubernetes-validate --strict`, and check what the chart promises: goodput's config parses
 (`goodput check-config`), vLLM listens on localhost only in sidecar mode, the containers run
 as non-root with a read-only root filesystem, the config is mounted as a directory (so it
-reloads), and the PrometheusRule carries files/goodput-rules.yaml.
+reloads), the replicas, rollout strategy, PodDisruptionBudget and spread constraints are the
+values' and select the chart's pods, and the PrometheusRule carries files/goodput-rules.yaml.
 
     python scripts/check-chart.py GOODPUT_BIN OUT_DIR      (scripts/setup-deploy-check.sh
                                                             prints the python to use)
@@ -28,12 +29,15 @@ VALUE_SETS = {
         "scorer": {"enabled": True, "sampleRate": 0.05},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "prometheusRule": {"enabled": True},
-        "vllm": {"model": "HuggingFaceTB/SmolLM2-1.7B-Instruct", "servedModelName": "smol", "extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching"]},
+        "vllm": {"model": "HuggingFaceTB/SmolLM2-1.7B-Instruct", "servedModelName": "smol", "extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching"], "replicaCount": 3},
+        # No GPU to spare for a surge pod: one replica down at a time.
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
         "goodput": {"config": {"quality": {"consistency": {"sample_rate": 0.01, "methods": ["unigram"]}}}},
     },
     "sidecar-gpu-scorer-pvc": {
         "scorer": {"enabled": True, "gpu": True, "maxCpu": 2, "model": {"source": "pvc", "pvc": {"claimName": "goodput-models"}}},
         "image": {"tag": "0.1.0-cuda"},
+        "podDisruptionBudget": {"enabled": False},
         # CUDA's first session takes longer: an odd number rounds up to whole probe periods.
         "goodput": {"startupSeconds": 601},
     },
@@ -67,6 +71,11 @@ VALUE_SETS = {
         "prometheusRule": {"enabled": True},
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"}],
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"},
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"tier": "llm-router"}}},
+        ],
+        "podDisruptionBudget": {"maxUnavailable": 2},
     },
 }
 
@@ -145,6 +154,7 @@ def check_objects(name, objs, values, goodput_bin, out):
     elif "GOODPUT_ADMIN_TOKEN" in env:
         fail(f"{name}: an admin token without adminTokenSecret")
     mode = values.get("mode", "sidecar")
+    check_scaling(name, objs, dep, values, mode)
     if mode == "sidecar":
         v = cs.get("vllm") or fail(f"{name}: no vllm container in sidecar mode")
         host = v["args"][v["args"].index("--host") + 1]
@@ -183,6 +193,39 @@ def check_objects(name, objs, values, goodput_bin, out):
             if o["apiVersion"] != "monitoring.coreos.com/v1":
                 fail(f"{name}: PrometheusRule apiVersion {o['apiVersion']}")
     return [o for o in objs if o["apiVersion"] != "monitoring.coreos.com/v1"]
+
+
+def check_scaling(name, objs, dep, values, mode):
+    """Replicas from the mode's own value, the strategy as given, a PodDisruptionBudget that
+    selects exactly the Deployment's pods, and spread constraints that select them too."""
+    want = values.get("vllm", {}).get("replicaCount", 1) if mode == "sidecar" else values.get("replicaCount", 2)
+    if dep["spec"]["replicas"] != want:
+        fail(f"{name}: {dep['spec']['replicas']} replicas, values say {want}")
+    if dep["spec"].get("strategy", {}) != values.get("strategy", {}):
+        fail(f"{name}: strategy {dep['spec'].get('strategy')}, values say {values.get('strategy')}")
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    pdb_values = {"enabled": True, "maxUnavailable": 1, **values.get("podDisruptionBudget", {})}
+    pdbs = [o for o in objs if o["kind"] == "PodDisruptionBudget"]
+    if not pdb_values["enabled"]:
+        if pdbs:
+            fail(f"{name}: a PodDisruptionBudget although disabled")
+    elif len(pdbs) != 1 or pdbs[0]["spec"].get("maxUnavailable") != pdb_values["maxUnavailable"] or "minAvailable" in pdbs[0]["spec"]:
+        fail(f"{name}: PodDisruptionBudget {[p['spec'] for p in pdbs]}, values say {pdb_values}")
+    elif pdbs[0]["spec"]["selector"]["matchLabels"] != dep["spec"]["selector"]["matchLabels"]:
+        fail(f"{name}: the PodDisruptionBudget selects {pdbs[0]['spec']['selector']}, not the Deployment's pods")
+    spread = dep["spec"]["template"]["spec"].get("topologySpreadConstraints", [])
+    given = values.get("topologySpreadConstraints", [])
+    if len(spread) != len(given):
+        fail(f"{name}: topologySpreadConstraints {spread}")
+    for got, want in zip(spread, given):
+        sel = got.get("labelSelector", {}).get("matchLabels", {})
+        if "labelSelector" in want:
+            if got["labelSelector"] != want["labelSelector"]:
+                fail(f"{name}: a given labelSelector was replaced: {got}")
+        elif not sel or not sel.items() <= pod_labels.items():
+            fail(f"{name}: spread constraint {got} does not select the chart's pods {pod_labels}")
+        if {k: v for k, v in got.items() if k != "labelSelector"} != {k: v for k, v in want.items() if k != "labelSelector"}:
+            fail(f"{name}: spread constraint {got}, values say {want}")
 
 
 def main():

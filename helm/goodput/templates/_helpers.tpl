@@ -23,6 +23,10 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: {{ .Values.mode }}
 {{- end -}}
 
+{{- define "goodput.replicas" -}}
+{{- if eq .Values.mode "sidecar" }}{{ .Values.vllm.replicaCount }}{{ else }}{{ .Values.replicaCount }}{{ end -}}
+{{- end -}}
+
 {{- define "goodput.image" -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
 {{- end -}}
@@ -156,6 +160,16 @@ tolerations:
 {{- with .Values.affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .Values.topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- range . }}
+  {{- $c := deepCopy . }}
+  {{- if not (hasKey $c "labelSelector") }}
+  {{- $_ := set $c "labelSelector" (dict "matchLabels" (include "goodput.selectorLabels" $ | fromYaml)) }}
+  {{- end }}
+  - {{- toYaml $c | nindent 4 }}
+  {{- end }}
 {{- end }}
 securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
