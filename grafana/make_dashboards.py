@@ -197,10 +197,17 @@ def overview():
         "Refused by goodput, and records dropped (/s)",
         [
             (f"sum by (reason) (rate(goodput_rejected_total[{RI}])) or vector(0)", "refused {{reason}}"),
+            (f"sum(rate(goodput_request_body_too_large_total[{RI}]))", "refused: body over limits.max_body_bytes (413)"),
             (f"sum(rate(goodput_records_dropped_total[{RI}]))", "records dropped (missing from every figure)"),
         ],
         "reqps",
-        description="503s that goodput answered itself: max_connections, or backend_at_capacity (every backend of a route at its max_concurrency). Records dropped: requests forwarded but not measured because the recorder fell behind; should stay 0.",
+        description="Answered by goodput itself for want of capacity: max_connections, backend_at_capacity (every backend of a route at its max_concurrency), no_endpoint (a pool with no address) with 503, overloaded (a class that sheds) with 429. A body over limits.max_body_bytes gets 413. Records dropped: requests forwarded but not measured because the recorder fell behind; should stay 0.",
+    )
+    b.panel(
+        "goodput instances by version",
+        [("count by (version) (goodput_build_info)", "{{version}}")],
+        "short",
+        description="Scraped goodput processes per version: during a rollout the new version replaces the old; two versions for long means a rollout stalled.",
     )
     b.panel(
         "Tokens/s by source of the count",
