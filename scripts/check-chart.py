@@ -13,9 +13,15 @@ values' and select the chart's pods, and the PrometheusRule carries files/goodpu
 Custom resources (ServiceMonitor, PrometheusRule) have no schema in kubernetes-validate: they
 are checked against the Prometheus Operator's required fields here instead.
 """
+import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
+import urllib.request
 
 import helm_python
 import yaml
@@ -145,6 +151,12 @@ def check_objects(name, objs, values, goodput_bin, out):
         fail(f"{name}: goodput's --shutdown-grace-secs is not {grace}: {args}")
     if dep["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30) <= grace:
         fail(f"{name}: terminationGracePeriodSeconds does not exceed the drain of {grace} s")
+    sleep = int(values.get("goodput", {}).get("preStopSleepSeconds", 5))
+    hook = gp.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+    if (hook != ["sleep", str(sleep)]) if sleep else hook:
+        fail(f"{name}: goodput's preStop hook {hook}, values say a sleep of {sleep} s")
+    if dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] <= sleep + grace:
+        fail(f"{name}: terminationGracePeriodSeconds does not exceed the preStop sleep and the drain")
     secret = values.get("goodput", {}).get("adminTokenSecret", {}).get("name")
     env = {e["name"]: e for e in gp.get("env", [])}
     if secret:
@@ -228,6 +240,73 @@ def check_scaling(name, objs, dep, values, mode):
             fail(f"{name}: spread constraint {got}, values say {want}")
 
 
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_shutdown_order(chart, goodput_bin, out):
+    """vLLM aborts its generations on SIGTERM, so in sidecar mode its preStop hook must hold the
+    signal until goodput has drained its streams and exited. Run the rendered hooks as the
+    kubelet does (both at once; each container signalled when its hook returns) beside a real
+    goodput serving a stream, and check the order."""
+    port = free_port()
+    values = {"goodput": {"adminPort": port, "preStopSleepSeconds": 1, "shutdownGraceSeconds": 10}}
+    rendered = chart.render(values, name="llm", namespace="llm", is_install=True)
+    objs = [d for path, text in rendered.items() if not path.endswith("NOTES.txt") for d in yaml.safe_load_all(text) if d]
+    dep = next(o for o in objs if o["kind"] == "Deployment")
+    cs = containers(dep)
+    vllm_hook = cs["vllm"].get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command") or fail("vLLM has no preStop hook")
+    gp_hook = cs["goodput"].get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command") or fail("goodput has no preStop hook")
+    budget = dep["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    if budget < 1 + 10 + 10:
+        fail(f"terminationGracePeriodSeconds {budget} leaves vLLM no time to exit after goodput's drain")
+    cfg = os.path.join(out, "shutdown-order.yaml")
+    with open(cfg, "w") as f:
+        yaml.safe_dump({
+            "listen": "127.0.0.1:0",
+            "admin_listen": f"127.0.0.1:{port}",
+            "backends": [{"name": "vllm", "sim": {"model": "m", "ttft_ms": 10, "tpot_ms": 50, "output_tokens": 40}}],
+        }, f)
+    gp = subprocess.Popen([goodput_bin, "serve", "--config", cfg, "--shutdown-grace-secs", "10"],
+                          stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        proxy = next(w[len("proxy="):] for w in gp.stdout.readline().split() if w.startswith("proxy="))
+        got = {}
+
+        def stream():
+            body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+            req = urllib.request.Request(f"http://{proxy}/v1/chat/completions", body, {"content-type": "application/json"})
+            try:
+                with urllib.request.urlopen(req, timeout=20) as r:
+                    got["body"] = r.read().decode()
+            except Exception as e:  # reported below, as a stream that did not finish
+                got["error"] = repr(e)
+
+        t = threading.Thread(target=stream, daemon=True)
+        t.start()
+        time.sleep(0.3)
+        hook = subprocess.Popen(vllm_hook)
+        subprocess.run(gp_hook, check=True)
+        if hook.poll() is not None:
+            fail("vLLM's preStop hook returned while goodput was still serving")
+        gp.send_signal(signal.SIGTERM)
+        gp.wait(timeout=15)
+        gp_exit = time.monotonic()
+        hook.wait(timeout=10)
+        hook_exit = time.monotonic()
+        t.join(timeout=5)
+        if "data: [DONE]" not in got.get("body", ""):
+            fail(f"the stream in flight did not finish through goodput's drain: {got}")
+        if hook_exit - gp_exit > 2:
+            fail(f"vLLM's preStop hook returned {hook_exit - gp_exit:.1f} s after goodput exited")
+    finally:
+        if gp.poll() is None:
+            gp.kill()
+    print(f"check-chart: shutdown order: vLLM's preStop hook returned after goodput drained a stream and exited (budget {budget} s)")
+
+
 def main():
     goodput_bin, out = sys.argv[1], sys.argv[2]
     os.makedirs(out, exist_ok=True)
@@ -259,6 +338,7 @@ def main():
         if r.returncode != 0 or "ERROR" in r.stdout or "INVALID" in r.stdout:
             fail(f"{name}: kubernetes-validate --strict:\n{r.stdout}{r.stderr}")
         print(f"check-chart: {name}: {len(objs)} objects render, lint, validate ({', '.join(sorted(o['kind'] for o in objs))})")
+    check_shutdown_order(chart, goodput_bin, out)
     # A bad mode is refused with a clear message.
     try:
         chart.render({"mode": "both"}, name="llm", namespace="llm")

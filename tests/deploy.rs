@@ -1,6 +1,7 @@
 //! The deployment artefacts, checked with the real tools: the Helm chart renders and lints in
 //! both modes with several value sets (Helm's library) and validates strictly against the
-//! Kubernetes schemas (scripts/check-chart.py); the Prometheus rules pass `promtool check
+//! Kubernetes schemas (scripts/check-chart.py), and its preStop hooks, run beside a real goodput,
+//! signal vLLM only after goodput drained a stream; the Prometheus rules pass `promtool check
 //! rules` and `promtool test rules` (a case for every alert); the committed dashboards are
 //! what grafana/make_dashboards.py writes. tests/dashboards.rs evaluates their PromQL.
 
@@ -30,6 +31,7 @@ fn helm_chart_renders_lints_and_validates_in_both_modes() {
     for set in ["sidecar-default", "sidecar-scorer-monitoring", "router-three-backends"] {
         assert!(text.contains(&format!("check-chart: {set}:")), "{text}");
     }
+    assert!(text.contains("check-chart: shutdown order:"), "{text}");
 }
 
 #[test]

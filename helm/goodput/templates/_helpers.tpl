@@ -73,6 +73,14 @@ app.kubernetes.io/component: {{ .Values.mode }}
       valueFrom:
         secretKeyRef: {name: {{ . | quote }}, key: {{ $.Values.goodput.adminTokenSecret.key | quote }}}
     {{- end }}
+  {{- if gt (int .Values.goodput.preStopSleepSeconds) 0 }}
+  # A terminating pod leaves its Service's endpoints while SIGTERM is on its way, and the
+  # kube-proxies and ingresses follow seconds later: serve what they still send, then drain.
+  lifecycle:
+    preStop:
+      exec:
+        command: ["sleep", {{ .Values.goodput.preStopSleepSeconds | quote }}]
+  {{- end }}
   ports:
     - {name: http, containerPort: {{ .Values.goodput.port }}, protocol: TCP}
     - {name: admin, containerPort: {{ .Values.goodput.adminPort }}, protocol: TCP}
@@ -143,8 +151,9 @@ initContainers:
 {{- end -}}
 
 {{- define "goodput.podExtras" -}}
-# SIGTERM drains in-flight streams for shutdownGraceSeconds; the kubelet must wait longer.
-terminationGracePeriodSeconds: {{ add .Values.goodput.shutdownGraceSeconds 5 }}
+# goodput serves through its preStop sleep, then drains in-flight streams for
+# shutdownGraceSeconds; in sidecar mode vLLM then exits. The kubelet must wait for all of it.
+terminationGracePeriodSeconds: {{ add .Values.goodput.preStopSleepSeconds .Values.goodput.shutdownGraceSeconds (ternary 15 5 (eq .Values.mode "sidecar")) }}
 {{- with .Values.imagePullSecrets }}
 imagePullSecrets:
   {{- toYaml . | nindent 2 }}
