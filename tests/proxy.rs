@@ -178,6 +178,39 @@ async fn an_empty_answer_is_recorded_as_answered_not_cancelled() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_clients_request_id_finds_its_record_and_reaches_the_server_unchanged() {
+    let (up, seen) = spawn_canned(vec![("/v1/chat/completions", canned_json(r#"{"choices":[]}"#))]).await;
+    let gp = Goodput::start(&config_for(up, ""));
+    let body = r#"{"model":"m1","messages":[{"role":"user","content":"hi"}]}"#;
+    let long = "x".repeat(129);
+    for id in [Some("trace/7+a=b"), None, Some(long.as_str()), Some("two words"), Some("trace-8")] {
+        let mut req = post_json("/v1/chat/completions", body);
+        if let Some(id) = id {
+            req.headers_mut().insert("x-request-id", id.parse().unwrap());
+        }
+        assert_eq!(send(gp.proxy, req).await.status, 200);
+    }
+    let recs = gp.records(5).await;
+    let ids: Vec<_> = recs.iter().map(|r| r.get("request_id").and_then(|v| v.as_str())).collect();
+    // Newest first; none kept for a request without one, or one too long or not a token.
+    assert_eq!(ids, [Some("trace-8"), None, None, None, Some("trace/7+a=b")]);
+    // Found by its id, percent-encoded in the query as any client would send it.
+    let found = gp.admin_json("/admin/records?request_id=trace%2F7%2Ba%3Db").await;
+    let found = found.as_array().unwrap();
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(found[0]["id"], recs[4]["id"]);
+    assert!(gp.admin_json("/admin/records?request_id=nothing").await.as_array().unwrap().is_empty());
+    // The server sees the client's header as sent (vLLM names its request after it), and
+    // none is invented for a request that had none.
+    let sent = seen.requests.lock().unwrap();
+    let upstream_ids: Vec<_> =
+        sent.iter().map(|r| r.1.get("x-request-id").map(|v| v.to_str().unwrap().to_string())).collect();
+    assert_eq!(upstream_ids[0].as_deref(), Some("trace/7+a=b"));
+    assert_eq!(upstream_ids[1], None);
+    assert_eq!(upstream_ids[2].as_deref(), Some(long.as_str()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn injected_usage_is_removed_and_counted() {
     let (up, seen) = spawn_canned(vec![(
         "/v1/chat/completions",

@@ -30,8 +30,8 @@ fn json(v: &impl serde::Serialize) -> Response<Full<Bytes>> {
     }
 }
 
-fn query_param<'a>(query: Option<&'a str>, key: &str) -> Option<&'a str> {
-    query?.split('&').find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+fn query_param(query: Option<&str>, key: &str) -> Option<String> {
+    form_urlencoded::parse(query?.as_bytes()).find_map(|(k, v)| (k == key).then(|| v.into_owned()))
 }
 
 /// /admin/* needs the bearer token when one is set; /metrics and the probes do not
@@ -99,14 +99,16 @@ pub async fn handle(proxy: &Proxy, token: Option<&str>, req: Request<Incoming>) 
         }
         "/status" => respond(StatusCode::OK, "text/html; charset=utf-8", STATUS_PAGE),
         "/admin/records" => {
-            let limit = query_param(req.uri().query(), "limit").and_then(|v| v.parse().ok()).unwrap_or(100);
-            json(&proxy.recorder.shared.recent(limit))
+            let query = req.uri().query();
+            let limit = query_param(query, "limit").and_then(|v| v.parse().ok()).unwrap_or(100);
+            let id = query_param(query, "request_id");
+            json(&proxy.recorder.shared.recent(limit, id.as_deref()))
         }
         "/" => respond(
             StatusCode::OK,
             "text/plain",
             "goodput admin: /status (page) /metrics /healthz /readyz /admin/config /admin/backends \
-             /admin/routes?decisions=N /admin/records?limit=N; POST /admin/sim/NAME (simulated backends)\n",
+             /admin/routes?decisions=N /admin/records?limit=N&request_id=ID; POST /admin/sim/NAME (simulated backends)\n",
         ),
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     }

@@ -83,6 +83,11 @@ impl TokenSource {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RequestRecord {
     pub id: u64,
+    /// The client's `x-request-id`, to find the request in the client's traces and the
+    /// server's log (vLLM names its request after it); absent when none was sent, or one
+    /// that is not a short printable token.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<Arc<str>>,
     /// Wall-clock start, milliseconds since the Unix epoch.
     pub start_unix_ms: u64,
     pub backend: Arc<str>,
@@ -175,6 +180,13 @@ impl RequestRecord {
     /// A record at the start of a request; the proxy fills in the rest as it proceeds.
     pub fn start(id: u64, operation: Operation) -> Self {
         RequestRecord { id, start_unix_ms: unix_ms(), operation, n: 1, ..Default::default() }
+    }
+
+    /// The client's request id as the record keeps it: at most 128 printable ASCII bytes.
+    pub fn client_request_id(value: Option<&http::HeaderValue>) -> Option<Arc<str>> {
+        let v = value?.to_str().ok()?;
+        let ok = !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic());
+        ok.then(|| Arc::from(v))
     }
 
     /// What the SLO judgement reads of this request.

@@ -60,9 +60,12 @@ pub struct Shared {
 }
 
 impl Shared {
-    pub fn recent(&self, limit: usize) -> Vec<RequestRecord> {
+    /// The last `limit` records, newest first; with `request_id`, only the client's request(s)
+    /// of that id.
+    pub fn recent(&self, limit: usize, request_id: Option<&str>) -> Vec<RequestRecord> {
         let r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        r.iter().rev().take(limit).cloned().collect()
+        let wanted = |rec: &&RequestRecord| request_id.is_none_or(|id| rec.request_id.as_deref() == Some(id));
+        r.iter().rev().filter(wanted).take(limit).cloned().collect()
     }
 
     pub fn processed(&self) -> u64 {

@@ -43,6 +43,7 @@ pub fn start_record(
     slo.ttft_ms = slo_headers.ttft_ms.or(slo.ttft_ms);
     slo.tpot_ms = slo_headers.tpot_ms.or(slo.tpot_ms);
     let record = RequestRecord {
+        request_id: RequestRecord::client_request_id(headers.get("x-request-id")),
         route: route.name.clone(),
         class: route.class_name.clone(),
         slo: Some(slo),
