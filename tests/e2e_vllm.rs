@@ -101,6 +101,21 @@ async fn identical_outputs_and_streams_while_usage_is_injected() {
     assert_eq!(metric(&m, "goodput_server_metrics_up", &[("backend", "127.0.0.1")]), 1.0);
     assert_eq!(metric(&m, "goodput_server_requests_waiting", &[("backend", "127.0.0.1")]), 0.0);
     assert!(m.contains("goodput_server_kv_cache_usage_ratio{backend=\"127.0.0.1\",endpoint=\"127.0.0.1:"));
+
+    // The client's x-request-id joins goodput's record to vLLM's request: vLLM names the
+    // request (and the answer's id) after it. Unique per run: vLLM refuses a duplicate in flight.
+    let rid = format!("goodput-e2e-{}-{}", std::process::id(), gp.proxy.port());
+    let mut req = post_json(
+        "/v1/chat/completions",
+        r#"{"model":"smollm2","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    req.headers_mut().insert("x-request-id", rid.parse().unwrap());
+    let r = send(gp.proxy, req).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["id"], format!("chatcmpl-{rid}"), "vLLM did not name its request after the header");
+    let found = gp.admin_json(&format!("/admin/records?request_id={rid}")).await;
+    assert_eq!(found.as_array().map(Vec::len), Some(1), "{found}");
+    assert_eq!(found[0]["completion_tokens"], r.json()["usage"]["completion_tokens"]);
 }
 
 /// goodput's token counts are vLLM's: its usage, and the change in its own counters, for one
