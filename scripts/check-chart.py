@@ -4,8 +4,8 @@ PyPI helm-python-sdk: no helm binary), then validate every rendered object with
 `kubernetes-validate --strict`, and check what the chart promises: goodput's config parses
 (`goodput check-config`), vLLM listens on localhost only in sidecar mode, the containers run
 as non-root with a read-only root filesystem, the config is mounted as a directory (so it
-reloads), the replicas, rollout strategy, PodDisruptionBudget and spread constraints are the
-values' and select the chart's pods, and the PrometheusRule carries files/goodput-rules.yaml.
+reloads), the replicas or their autoscaler, rollout strategy, PodDisruptionBudget and spread
+constraints are the values' and select the chart's pods, and the PrometheusRule carries files/goodput-rules.yaml.
 
     python scripts/check-chart.py GOODPUT_BIN OUT_DIR      (scripts/setup-deploy-check.sh
                                                             prints the python to use)
@@ -44,6 +44,10 @@ VALUE_SETS = {
         "scorer": {"enabled": True, "gpu": True, "maxCpu": 2, "model": {"source": "pvc", "pvc": {"claimName": "goodput-models"}}},
         "image": {"tag": "0.1.0-cuda"},
         "podDisruptionBudget": {"enabled": False},
+        # Scaled on the queue vLLM reports, as goodput exports it (through a metrics adapter).
+        "autoscaling": {"enabled": True, "minReplicas": 1, "maxReplicas": 4, "metrics": [
+            {"type": "Pods", "pods": {"metric": {"name": "goodput_server_requests_waiting"}, "target": {"type": "AverageValue", "averageValue": "4"}}},
+        ]},
         # CUDA's first session takes longer: an odd number rounds up to whole probe periods.
         "goodput": {"startupSeconds": 601},
     },
@@ -82,6 +86,7 @@ VALUE_SETS = {
             {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule", "labelSelector": {"matchLabels": {"tier": "llm-router"}}},
         ],
         "podDisruptionBudget": {"maxUnavailable": 2},
+        "autoscaling": {"enabled": True, "minReplicas": 3, "maxReplicas": 12},
     },
 }
 
@@ -210,9 +215,23 @@ def check_objects(name, objs, values, goodput_bin, out):
 def check_scaling(name, objs, dep, values, mode):
     """Replicas from the mode's own value, the strategy as given, a PodDisruptionBudget that
     selects exactly the Deployment's pods, and spread constraints that select them too."""
-    want = values.get("vllm", {}).get("replicaCount", 1) if mode == "sidecar" else values.get("replicaCount", 2)
-    if dep["spec"]["replicas"] != want:
-        fail(f"{name}: {dep['spec']['replicas']} replicas, values say {want}")
+    auto = {"enabled": False, "minReplicas": 2, "maxReplicas": 10, "targetCPUUtilizationPercentage": 70, "metrics": [], **values.get("autoscaling", {})}
+    hpas = [o for o in objs if o["kind"] == "HorizontalPodAutoscaler"]
+    if auto["enabled"]:
+        # The autoscaler owns the count: a replicas field would reset it at every upgrade.
+        if "replicas" in dep["spec"]:
+            fail(f"{name}: replicas set although an autoscaler owns them")
+        cpu = [{"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": auto["targetCPUUtilizationPercentage"]}}}]
+        want_hpa = {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": dep["metadata"]["name"]},
+            "minReplicas": auto["minReplicas"], "maxReplicas": auto["maxReplicas"], "metrics": auto["metrics"] or cpu,
+        }
+        if len(hpas) != 1 or hpas[0]["spec"] != want_hpa:
+            fail(f"{name}: HorizontalPodAutoscaler {[h['spec'] for h in hpas]}, want {want_hpa}")
+    else:
+        want = values.get("vllm", {}).get("replicaCount", 1) if mode == "sidecar" else values.get("replicaCount", 2)
+        if dep["spec"].get("replicas") != want or hpas:
+            fail(f"{name}: {dep['spec'].get('replicas')} replicas and {len(hpas)} autoscalers, values say {want} and none")
     if dep["spec"].get("strategy", {}) != values.get("strategy", {}):
         fail(f"{name}: strategy {dep['spec'].get('strategy')}, values say {values.get('strategy')}")
     pod_labels = dep["spec"]["template"]["metadata"]["labels"]
@@ -346,6 +365,13 @@ def main():
     except helm_python.HelmError as e:
         if "mode must be sidecar or router" not in str(e):
             fail(f"mode=both: unexpected error {e}")
+    # Autoscaling a vLLM pod on its CPU is refused: it would scale on the wrong signal.
+    try:
+        chart.render({"autoscaling": {"enabled": True}}, name="llm", namespace="llm")
+        fail("sidecar autoscaling without metrics rendered")
+    except helm_python.HelmError as e:
+        if "autoscaling in sidecar mode needs autoscaling.metrics" not in str(e):
+            fail(f"sidecar autoscaling: unexpected error {e}")
     print("check-chart: ok")
 
 
