@@ -35,7 +35,7 @@ VALUE_SETS = {
         "scorer": {"enabled": True, "sampleRate": 0.05},
         "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
         "prometheusRule": {"enabled": True},
-        "vllm": {"model": "HuggingFaceTB/SmolLM2-1.7B-Instruct", "servedModelName": "smol", "extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching"], "replicaCount": 3},
+        "vllm": {"model": "HuggingFaceTB/SmolLM2-1.7B-Instruct", "servedModelName": "smol", "extraArgs": ["--max-model-len", "4096", "--enable-prefix-caching"], "replicaCount": 3, "startupSeconds": 1805},
         # No GPU to spare for a surge pod: one replica down at a time.
         "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}},
         "goodput": {"config": {"quality": {"consistency": {"sample_rate": 0.01, "methods": ["unigram"]}}}},
@@ -174,6 +174,12 @@ def check_objects(name, objs, values, goodput_bin, out):
     check_scaling(name, objs, dep, values, mode)
     if mode == "sidecar":
         v = cs.get("vllm") or fail(f"{name}: no vllm container in sidecar mode")
+        start = values.get("vllm", {}).get("startupSeconds", 900)
+        sp = v["startupProbe"]
+        if not start <= sp["periodSeconds"] * sp["failureThreshold"] < start + sp["periodSeconds"]:
+            fail(f"{name}: vLLM's startupProbe {sp} does not wait {start} s")
+        if dep["spec"].get("progressDeadlineSeconds", 600) <= start:
+            fail(f"{name}: progressDeadlineSeconds {dep['spec'].get('progressDeadlineSeconds')} ends before vLLM's start-up window of {start} s")
         host = v["args"][v["args"].index("--host") + 1]
         if host != "127.0.0.1":
             fail(f"{name}: vLLM listens on {host}, not localhost only")
