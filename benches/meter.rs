@@ -4,7 +4,8 @@
 //! as the proxy does for every frame it forwards, and reports the median time per chunk over
 //! repeated runs, next to the bare SSE reader and a plain `Bytes` clone (the floor). The chunk
 //! reading is also timed alone, and on a whole non-streaming response of about 2 KB. Last, the
-//! recorder's work on a full 60 s window: a second's records and its four snapshots.
+//! recorder's work on a full 60 s window: a second's records and its four snapshots; and the
+//! one per-request step here, keeping the client's request id for the record.
 
 use bytes::Bytes;
 use goodput::meter::RequestRecord;
@@ -106,6 +107,9 @@ fn main() {
     println!("  parse_chunk (serde_json)                 {chunk:>8.0} ns");
     println!("per response of {} bytes, with its text:", response.len());
     println!("  parse_response (serde_json)              {resp:>8.0} ns");
+    let id = request_id_kept();
+    println!("per request:");
+    println!("  the client's x-request-id kept (UUID)    {id:>8.0} ns");
     let (second, first, later) = window_publishing();
     println!(
         "the recorder's work on a full 60 s window per second, 100 records in each (it publishes 4 times a second):"
@@ -113,6 +117,29 @@ fn main() {
     println!("  a second: 100 records and 4 snapshots    {second:>8.0} ns");
     println!("  its first snapshot                       {first:>8.0} ns");
     println!("  a later snapshot in that second          {later:>8.0} ns");
+}
+
+/// The request-id step of a metered request's record: the header looked up among an SDK's
+/// usual headers, checked and copied.
+fn request_id_kept() -> f64 {
+    let mut h = http::HeaderMap::new();
+    for (k, v) in [
+        ("host", "vllm.llm.svc:8000"),
+        ("content-type", "application/json"),
+        ("accept", "application/json"),
+        ("user-agent", "OpenAI/Python 1.99.0"),
+        ("authorization", "Bearer sk-0123456789abcdef"),
+        ("x-stainless-lang", "python"),
+        ("x-stainless-retry-count", "0"),
+        ("x-request-id", "3f2c9d8e-1b7a-4c6d-9e0f-a1b2c3d4e5f6"),
+    ] {
+        h.insert(k, v.parse().expect("a header value"));
+    }
+    median_ns_per_chunk(move |_| {
+        for _ in 0..CHUNKS {
+            black_box(RequestRecord::client_request_id(black_box(&h).get("x-request-id")));
+        }
+    })
 }
 
 /// Medians over RUNS seconds of a full window, each second as the recorder lives it: the
