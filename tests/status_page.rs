@@ -102,3 +102,33 @@ routing: {default_class: interactive, min_samples: 3, exploration: 0.0}
     // A rendered page with tables and text compresses far less than a blank one (~5 KB).
     assert!(bytes.len() > 20_000, "screenshot of {} bytes", bytes.len());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_page_says_when_a_pools_dns_lookup_fails() {
+    // Nothing listens on port 9: every lookup of the pool's name fails.
+    let gp = Goodput::start(
+        r#"
+backends:
+  - name: fast
+    sim: {model: m, ttft_ms: 5, tpot_ms: 1, output_tokens: 8}
+  - name: pool
+    models: [m]
+    discovery: {dns: vllm.goodput-test.invalid, port: 8000, refresh_secs: 1, nameserver: "127.0.0.1:9"}
+"#,
+    );
+    wait_metric(&gp, "goodput_discovery_refreshes_total", &[("backend", "pool"), ("result", "error")], 1.0)
+        .await;
+    let out = chromium(&["--dump-dom", &format!("http://{}/status", gp.admin)]);
+    let dom = String::from_utf8_lossy(&out.stdout);
+    assert!(dom.contains(r#"data-ready="1""#), "the script ran: {dom}");
+    let row = dom.split(r#"<tr data-backend="pool">"#).nth(1).unwrap_or_else(|| panic!("no pool row: {dom}"));
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains(r#"<div class="bad" data-discovery="error">DNS lookup failed, keeping 0 endpoints: "#)
+            && row.contains("vllm.goodput-test.invalid"),
+        "{row}"
+    );
+    // A backend with a fixed address has no DNS line.
+    let fast = dom.split(r#"<tr data-backend="fast">"#).nth(1).unwrap();
+    assert!(!fast[..fast.find("</tr>").unwrap()].contains("data-discovery"), "{fast}");
+}
