@@ -318,8 +318,10 @@ async fn client_disconnect_cancels_upstream_within_100ms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_refused_is_502_with_openai_error() {
     let (_refusing, port) = refusing_port();
-    let gp = Goodput::start_with("", &["--upstream", &format!("http://127.0.0.1:{port}")]);
-    let r = send(gp.proxy, post_json("/v1/chat/completions", r#"{"model":"m","messages":[]}"#)).await;
+    let gp = Goodput::start_logged("", &["--upstream", &format!("http://127.0.0.1:{port}")], &[]);
+    let mut req = post_json("/v1/chat/completions", r#"{"model":"m","messages":[]}"#);
+    req.headers_mut().insert("x-request-id", "trace-502".parse().unwrap());
+    let r = send(gp.proxy, req).await;
     assert_eq!(r.status, 502);
     let v = r.json();
     assert_eq!(v["error"]["code"], "connect");
@@ -328,6 +330,17 @@ async fn connection_refused_is_502_with_openai_error() {
     let rec = &gp.records(1).await[0];
     assert_eq!(rec["outcome"], "connect_error");
     assert_eq!(rec["slo_met"], false);
+    // The log line names the request (goodput's id and the client's) and the server.
+    let line = gp.log().lines().find(|l| l.contains("upstream failure")).map(str::to_owned);
+    let line = line.unwrap_or_else(|| panic!("no upstream failure logged: {}", gp.log()));
+    for field in [
+        format!("id={}", rec["id"]),
+        "request_id=\"trace-502\"".to_string(),
+        "backend=\"127.0.0.1\"".to_string(),
+        format!("endpoint=\"127.0.0.1:{port}\""),
+    ] {
+        assert!(line.contains(&field), "{field} missing: {line}");
+    }
     let m = gp.metrics().await;
     assert_eq!(metric(&m, "goodput_upstream_errors_total", &[("kind", "connect")]), 1.0);
     // Unmetered paths fail the same way.

@@ -98,7 +98,8 @@ pub async fn forward(
             tried.failed(&peer);
             if tried.any_left(snap, route) {
                 peer.dispatch.no_sample();
-                tracing::warn!(backend = %backend.name, endpoint = %peer.endpoint.label, kind = err.kind.code(), error = %err, "failing over");
+                let request_id = metered.as_ref().and_then(|m| m.record.request_id.as_deref());
+                tracing::warn!(id, request_id, backend = %backend.name, endpoint = %peer.endpoint.label, kind = err.kind.code(), error = %err, "failing over");
                 continue;
             }
         }

@@ -135,14 +135,28 @@ impl Proxy {
         if matches!(e.kind, Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint) {
             self.metrics.rejected.with_label_values(&[e.kind.code()]).inc();
         }
+        let mut which = None;
         if let Some(MeteredRequest { mut record, payload, t0, .. }) = metered {
             record.status = e.kind.status().as_u16();
             record.outcome = e.kind.outcome();
             record.e2e = t0.elapsed();
+            which =
+                Some((record.id, record.request_id.clone(), record.backend.clone(), record.endpoint.clone()));
             self.recorder.submit(record, payload);
         }
         if e.kind.is_upstream() {
-            tracing::warn!(kind = e.kind.code(), error = %DisplayChain(&e), "upstream failure");
+            // Which request and server, so that the line can be found from the client's trace
+            // and its record (ids and addresses only: never the request's content).
+            let (id, request_id, backend, endpoint) = which.unwrap_or_default();
+            tracing::warn!(
+                id = (id > 0).then_some(id),
+                request_id = request_id.as_deref(),
+                backend = (!backend.is_empty()).then_some(&*backend),
+                endpoint = (!endpoint.is_empty()).then_some(&*endpoint),
+                kind = e.kind.code(),
+                error = %DisplayChain(&e),
+                "upstream failure"
+            );
         } else {
             tracing::debug!(kind = e.kind.code(), error = %e, "request refused");
         }
