@@ -333,6 +333,10 @@ async fn connection_refused_is_502_with_openai_error() {
     // The log line names the request (goodput's id and the client's) and the server.
     let line = gp.log().lines().find(|l| l.contains("upstream failure")).map(str::to_owned);
     let line = line.unwrap_or_else(|| panic!("no upstream failure logged: {}", gp.log()));
+    // The failed requests alone: by outcome.
+    let failed = gp.admin_json("/admin/records?outcome=connect_error").await;
+    assert_eq!(failed.as_array().map(Vec::len), Some(1), "{failed}");
+    assert!(gp.admin_json("/admin/records?outcome=ok").await.as_array().unwrap().is_empty());
     for field in [
         format!("id={}", rec["id"]),
         "request_id=\"trace-502\"".to_string(),

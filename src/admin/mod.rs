@@ -101,14 +101,17 @@ pub async fn handle(proxy: &Proxy, token: Option<&str>, req: Request<Incoming>) 
         "/admin/records" => {
             let query = req.uri().query();
             let limit = query_param(query, "limit").and_then(|v| v.parse().ok()).unwrap_or(100);
-            let id = query_param(query, "request_id");
-            json(&proxy.recorder.shared.recent(limit, id.as_deref()))
+            let filter = crate::meter::recorder::RecordFilter {
+                request_id: query_param(query, "request_id"),
+                outcome: query_param(query, "outcome"),
+            };
+            json(&proxy.recorder.shared.recent(limit, &filter))
         }
         "/" => respond(
             StatusCode::OK,
             "text/plain",
             "goodput admin: /status (page) /metrics /healthz /readyz /admin/config /admin/backends \
-             /admin/routes?decisions=N /admin/records?limit=N&request_id=ID; POST /admin/sim/NAME (simulated backends)\n",
+             /admin/routes?decisions=N /admin/records?limit=N&request_id=ID&outcome=O; POST /admin/sim/NAME (simulated backends)\n",
         ),
         _ => respond(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     }

@@ -59,13 +59,25 @@ pub struct Shared {
     rounds: std::sync::atomic::AtomicU64,
 }
 
+/// Which records `/admin/records` returns: the client's request id, the outcome.
+#[derive(Debug, Default)]
+pub struct RecordFilter {
+    pub request_id: Option<String>,
+    pub outcome: Option<String>,
+}
+
+impl RecordFilter {
+    fn selects(&self, r: &RequestRecord) -> bool {
+        self.request_id.as_deref().is_none_or(|id| r.request_id.as_deref() == Some(id))
+            && self.outcome.as_deref().is_none_or(|o| r.outcome.as_str() == o)
+    }
+}
+
 impl Shared {
-    /// The last `limit` records, newest first; with `request_id`, only the client's request(s)
-    /// of that id.
-    pub fn recent(&self, limit: usize, request_id: Option<&str>) -> Vec<RequestRecord> {
+    /// The last `limit` records that `filter` selects, newest first.
+    pub fn recent(&self, limit: usize, filter: &RecordFilter) -> Vec<RequestRecord> {
         let r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        let wanted = |rec: &&RequestRecord| request_id.is_none_or(|id| rec.request_id.as_deref() == Some(id));
-        r.iter().rev().filter(wanted).take(limit).cloned().collect()
+        r.iter().rev().filter(|rec| filter.selects(rec)).take(limit).cloned().collect()
     }
 
     pub fn processed(&self) -> u64 {
