@@ -101,11 +101,8 @@ pub async fn handle(proxy: &Proxy, token: Option<&str>, req: Request<Incoming>) 
         "/admin/records" => {
             let query = req.uri().query();
             let limit = query_param(query, "limit").and_then(|v| v.parse().ok()).unwrap_or(100);
-            let filter = crate::meter::recorder::RecordFilter {
-                request_id: query_param(query, "request_id"),
-                outcome: query_param(query, "outcome"),
-            };
-            json(&proxy.recorder.shared.recent(limit, &filter))
+            let (id, outcome) = (query_param(query, "request_id"), query_param(query, "outcome"));
+            json(&proxy.recorder.shared.recent(limit, id.as_deref(), outcome.as_deref()))
         }
         "/" => respond(
             StatusCode::OK,

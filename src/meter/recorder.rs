@@ -59,25 +59,21 @@ pub struct Shared {
     rounds: std::sync::atomic::AtomicU64,
 }
 
-/// Which records `/admin/records` returns: the client's request id, the outcome.
-#[derive(Debug, Default)]
-pub struct RecordFilter {
-    pub request_id: Option<String>,
-    pub outcome: Option<String>,
-}
-
-impl RecordFilter {
-    fn selects(&self, r: &RequestRecord) -> bool {
-        self.request_id.as_deref().is_none_or(|id| r.request_id.as_deref() == Some(id))
-            && self.outcome.as_deref().is_none_or(|o| r.outcome.as_str() == o)
-    }
-}
-
 impl Shared {
-    /// The last `limit` records that `filter` selects, newest first.
-    pub fn recent(&self, limit: usize, filter: &RecordFilter) -> Vec<RequestRecord> {
+    /// The last `limit` records, newest first; only those of the client's `request_id` and of
+    /// `outcome` where given.
+    pub fn recent(
+        &self,
+        limit: usize,
+        request_id: Option<&str>,
+        outcome: Option<&str>,
+    ) -> Vec<RequestRecord> {
         let r = self.recent.lock().unwrap_or_else(|p| p.into_inner());
-        r.iter().rev().filter(|rec| filter.selects(rec)).take(limit).cloned().collect()
+        let wanted = |rec: &&RequestRecord| {
+            request_id.is_none_or(|id| rec.request_id.as_deref() == Some(id))
+                && outcome.is_none_or(|o| rec.outcome.as_str() == o)
+        };
+        r.iter().rev().filter(wanted).take(limit).cloned().collect()
     }
 
     pub fn processed(&self) -> u64 {
