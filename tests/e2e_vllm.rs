@@ -113,6 +113,9 @@ async fn identical_outputs_and_streams_while_usage_is_injected() {
     let r = send(gp.proxy, req).await;
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["id"], format!("chatcmpl-{rid}"), "vLLM did not name its request after the header");
+    // The recorder files the record on its own thread, shortly after the answer.
+    gp.records_when(cases.len() + 1, "with the request id", |recs| recs[0]["request_id"] == rid.as_str())
+        .await;
     let found = gp.admin_json(&format!("/admin/records?request_id={rid}")).await;
     assert_eq!(found.as_array().map(Vec::len), Some(1), "{found}");
     assert_eq!(found[0]["completion_tokens"], r.json()["usage"]["completion_tokens"]);
