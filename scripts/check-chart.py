@@ -272,9 +272,9 @@ def free_port():
 
 
 def check_shutdown_order(chart, goodput_bin, out):
-    """vLLM stops generating on SIGTERM (by default), so in sidecar mode its preStop hook must hold the
-    signal until goodput has drained its streams and exited. Run the rendered hooks as the
-    kubelet does (both at once; each container signalled when its hook returns) beside a real
+    """vLLM stops generating on SIGTERM (by default), so in sidecar mode its preStop hook must
+    hold the signal until goodput has drained its streams and exited. Run the rendered hooks as
+    the kubelet does (both at once; each container signalled when its hook returns) beside a real
     goodput serving a stream, and check the order."""
     port = free_port()
     values = {"goodput": {"adminPort": port, "preStopSleepSeconds": 1, "shutdownGraceSeconds": 10}}

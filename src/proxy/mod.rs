@@ -147,12 +147,12 @@ impl Proxy {
         if e.kind.is_upstream() {
             // Which request and server, so that the line can be found from the client's trace
             // and its record (ids and addresses only: never the request's content).
-            let (id, request_id, backend, endpoint) = which.unwrap_or_default();
+            let w = which.as_ref();
             tracing::warn!(
-                id = (id > 0).then_some(id),
-                request_id = request_id.as_deref(),
-                backend = (!backend.is_empty()).then_some(&*backend),
-                endpoint = (!endpoint.is_empty()).then_some(&*endpoint),
+                id = w.map(|w| w.0),
+                request_id = w.and_then(|w| w.1.as_deref()),
+                backend = w.map(|w| &*w.2),
+                endpoint = w.map(|w| &*w.3).filter(|e| !e.is_empty()),
                 kind = e.kind.code(),
                 error = %DisplayChain(&e),
                 "upstream failure"
