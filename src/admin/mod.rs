@@ -77,7 +77,7 @@ pub async fn handle(proxy: &Proxy, token: Option<&str>, req: Request<Incoming>) 
     }
     match req.uri().path() {
         "/metrics" => {
-            proxy.metrics.refresh_process();
+            proxy.metrics.refresh_runtime();
             respond(StatusCode::OK, "text/plain; version=0.0.4; charset=utf-8", proxy.metrics.encode())
         }
         "/healthz" => respond(StatusCode::OK, "text/plain", "ok\n"),

@@ -116,9 +116,8 @@ pub struct Metrics {
     pub client_connections: prometheus::IntGauge,
     /// Requests or connections the proxy refused on a limit, by reason.
     pub rejected: IntCounterVec,
-    /// Read from the process and the runtime at each scrape (the soak test watches them).
-    pub process_resident_memory: prometheus::IntGauge,
-    pub process_open_fds: prometheus::IntGauge,
+    /// Read from the runtime at each scrape (the soak test watches it; the `process_*` series
+    /// are `meter::process`'s, read at each scrape too).
     pub runtime_alive_tasks: prometheus::IntGauge,
 }
 
@@ -199,6 +198,7 @@ impl Metrics {
         .expect("valid gauge");
         reg.register(Box::new(build_info.clone())).expect("unique metric");
         build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        reg.register(Box::new(super::process::ProcessCollector::new())).expect("unique metric");
         let scoring_queue_depth = prometheus::IntGauge::new(
             "goodput_scoring_queue_depth",
             "Sampled responses waiting for a scoring thread.",
@@ -588,16 +588,6 @@ impl Metrics {
                 "Connections or requests refused for want of capacity, with Retry-After, by reason: max_connections (503), backend_at_capacity (503, every candidate at its max_concurrency), no_endpoint (503, no endpoint known), overloaded (429, a class that sheds).",
                 &["reason"],
             ),
-            process_resident_memory: int_gauge(
-                &reg,
-                "process_resident_memory_bytes",
-                "Resident memory of the goodput process, read from /proc at scrape time.",
-            ),
-            process_open_fds: int_gauge(
-                &reg,
-                "process_open_fds",
-                "Open file descriptors of the goodput process, read from /proc at scrape time.",
-            ),
             runtime_alive_tasks: int_gauge(
                 &reg,
                 "goodput_runtime_alive_tasks",
@@ -673,22 +663,10 @@ impl Metrics {
         let _ = self.server_preemptions.remove_label_values(&[backend, endpoint]);
     }
 
-    /// Refresh the gauges read from the process and the runtime, just before a scrape.
-    pub fn refresh_process(&self) {
+    /// Refresh the gauges read from the runtime, just before a scrape.
+    pub fn refresh_runtime(&self) {
         if let Ok(h) = tokio::runtime::Handle::try_current() {
             self.runtime_alive_tasks.set(h.metrics().num_alive_tasks() as i64);
-        }
-        if let Ok(d) = std::fs::read_dir("/proc/self/fd") {
-            self.process_open_fds.set(d.count() as i64);
-        }
-        // statm: sizes in pages; the second field is the resident set.
-        if let Some(pages) = std::fs::read_to_string("/proc/self/statm")
-            .ok()
-            .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<i64>().ok()))
-        {
-            // SAFETY: sysconf has no preconditions.
-            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
-            self.process_resident_memory.set(pages * page.max(1) as i64);
         }
     }
 
@@ -708,8 +686,10 @@ mod tests {
     /// The names this file registers: its string literals that look like a metric's name,
     /// label lists (`&[…]`) left out.
     fn registered() -> BTreeSet<String> {
-        let src = include_str!("metrics.rs");
-        let src = src.split("#[cfg(test)]").next().unwrap();
+        let src = [include_str!("metrics.rs"), include_str!("process.rs")]
+            .map(|s| s.split("#[cfg(test)]").next().unwrap())
+            .concat();
+        let src = src.as_str();
         let mut code = String::new();
         let mut rest = src;
         while let Some(i) = rest.find("&[") {

@@ -3,6 +3,7 @@
 
 pub mod metrics;
 pub mod observe;
+pub mod process;
 pub mod record;
 pub mod recorder;
 pub mod window;
