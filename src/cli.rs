@@ -271,6 +271,40 @@ fn open_request_log(path: &std::path::Path) -> Result<crate::meter::recorder::Re
     Ok(Box::new(BufWriter::new(file)))
 }
 
+/// Raise the soft limit on open files to the hard one, as Go's runtime does for every Go
+/// server. Each client connection and its upstream connection hold a descriptor, and the soft
+/// limit a service often starts with (1024) runs out at a few hundred streams: every new
+/// upstream connection then fails. Warns when even the hard limit is below what
+/// `limits.max_connections` needs.
+fn raise_fd_limit(max_connections: usize) {
+    // SAFETY: getrlimit and setrlimit read and write only the struct they are given.
+    let mut l: libc::rlimit = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return;
+    }
+    let before = l.rlim_cur;
+    if l.rlim_cur < l.rlim_max {
+        let raised = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            l = raised;
+            tracing::info!(from = before, to = l.rlim_cur, "raised the open-file limit to its hard limit");
+        }
+    }
+    // A client and an upstream descriptor per connection, and a reserve for listeners, the
+    // pool's idle connections, server watchers and files.
+    let needed = 2 * max_connections as u64 + 256;
+    if l.rlim_cur != libc::RLIM_INFINITY && (l.rlim_cur as u64) < needed {
+        tracing::warn!(
+            limit = l.rlim_cur,
+            needed,
+            max_connections,
+            "the open-file limit is below what limits.max_connections needs: past it, requests \
+             are refused with 503 out_of_descriptors. Raise the hard limit (LimitNOFILE=, \
+             ulimit -Hn) or lower limits.max_connections"
+        );
+    }
+}
+
 /// Start the proxy and admin listeners; runs until SIGTERM/SIGINT, then drains.
 pub async fn serve(args: ServeArgs) -> Result<(), String> {
     let metrics = Metrics::new();
@@ -285,6 +319,7 @@ pub async fn serve(args: ServeArgs) -> Result<(), String> {
             .await
             .map_err(|e| format!("invalid config:\n{e}"))?;
     let cfg = handle.load().config.clone();
+    raise_fd_limit(cfg.limits.max_connections);
     let listen = args.listen.clone().unwrap_or(cfg.listen.clone());
     let admin_listen = args.admin_listen.clone().unwrap_or(cfg.admin_listen.clone());
     let listener = tokio::net::TcpListener::bind(&listen)

@@ -261,7 +261,7 @@ async fn upstream_faults_get_clear_answers_and_leave_nothing_behind() {
             let (proxy, name) = (gp.proxy, faults[i].name);
             async move { (i, send(proxy, stream_req(name, 8)).await) }
         });
-        for (i, r) in futures_join_all(runs).await {
+        for (i, r) in join_all(runs).await {
             let f = &faults[i];
             let what = format!("{} (rep {rep})", f.name);
             assert_eq!(r.status.as_u16(), f.status, "{what}: {}", r.text());
@@ -378,21 +378,6 @@ async fn a_queued_stream_waits_first_byte_ms_for_its_first_token() {
     assert_eq!(errors("never", "timeout_first_byte"), 1.0);
     assert_eq!(errors("stalls", "timeout_idle"), 1.0);
     assert_alive(&mut gp);
-}
-
-/// join_all without the futures crate: the requests run concurrently on the runtime.
-async fn futures_join_all<F: std::future::Future + Send + 'static>(
-    fs: impl Iterator<Item = F>,
-) -> Vec<F::Output>
-where
-    F::Output: Send,
-{
-    let handles: Vec<_> = fs.map(tokio::spawn).collect();
-    let mut out = Vec::new();
-    for h in handles {
-        out.push(h.await.unwrap());
-    }
-    out
 }
 
 /// A stream that writes as fast as the socket takes, counting what it got rid of.

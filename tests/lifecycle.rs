@@ -92,6 +92,54 @@ async fn limits_answer_503_with_retry_after_and_431() {
     assert_eq!(records.iter().filter(|r| r["outcome"] == "rejected" && r["status"] == 503).count(), 1);
 }
 
+/// goodput raises its soft open-file limit to the hard one (a service often starts with 1024,
+/// which a few hundred streams use up). Where even the hard limit runs out, the requests that
+/// find no descriptor for their upstream connection get 503 with Retry-After, counted as
+/// refusals: goodput's own limit, which neither the backend's breaker nor its error count
+/// hears of, and the streams already running finish whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_open_file_limit_is_raised_and_running_out_blames_no_backend() {
+    let (sim_addr, _sim) = spawn_sim(200.0, 5.0, 20).await;
+    let yaml = format!("backends:\n  - name: b\n    url: http://{sim_addr}\n    models: [m]\n");
+    let mut hard = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes only the struct it is given.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut hard) }, 0);
+    let hard = hard.rlim_max.min(1 << 20);
+    assert!(hard > 256, "this test needs a hard limit above 256, have {hard}");
+    let gp = Goodput::start_with_nofile(&yaml, 256, hard);
+    assert_eq!(metric(&gp.metrics().await, "process_max_fds", &[]), hard as f64);
+    assert!(gp.log().contains("raised the open-file limit"), "{}", gp.log());
+    drop(gp);
+
+    let gp = Goodput::start_with_nofile(&yaml, 64, 64);
+    gp.wait_ready().await;
+    assert!(gp.log().contains("open-file limit is below what limits.max_connections needs"), "{}", gp.log());
+    let replies = join_all((0..80).map(|_| send(gp.proxy, chat(true, 20)))).await;
+    let (mut ok, mut refused) = (0, 0);
+    for r in &replies {
+        match r.status.as_u16() {
+            200 => {
+                assert!(r.body.ends_with(b"data: [DONE]\n\n"), "a stream cut short: {:?}", r.body);
+                ok += 1;
+            }
+            503 => {
+                assert_eq!(r.json()["error"]["code"], "out_of_descriptors", "{:?}", r.body);
+                assert_eq!(r.headers["retry-after"], "1");
+                refused += 1;
+            }
+            s => panic!("{s}: {:?}", r.body),
+        }
+    }
+    assert!(refused > 0 && ok > 0, "{ok} streams, {refused} refused: 64 descriptors cannot carry 80 streams");
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_rejected_total", &[("reason", "out_of_descriptors")]), refused as f64);
+    assert_eq!(metric(&m, "goodput_upstream_errors_total", &[]), 0.0, "the backend is blamed");
+    assert_eq!(metric(&m, "goodput_backend_circuit_state", &[("backend", "b"), ("state", "closed")]), 1.0);
+    assert!(gp.log().contains("goodput is out of file descriptors"), "{}", gp.log());
+    // Once the streams are over, the descriptors are back.
+    assert_eq!(send(gp.proxy, chat(true, 20)).await.status, 200);
+}
+
 /// The process's exit status, which must come within `limit` of `since`.
 async fn exit_within(
     gp: &mut Goodput,

@@ -585,7 +585,7 @@ impl Metrics {
             rejected: counter(
                 &reg,
                 "goodput_rejected_total",
-                "Connections or requests refused for want of capacity, with Retry-After, by reason: max_connections (503), backend_at_capacity (503, every candidate at its max_concurrency), no_endpoint (503, no endpoint known), overloaded (429, a class that sheds).",
+                "Connections or requests refused for want of capacity, with Retry-After, by reason: max_connections (503), backend_at_capacity (503, every candidate at its max_concurrency), no_endpoint (503, no endpoint known), overloaded (429, a class that sheds), out_of_descriptors (503, no file descriptor left for the upstream connection).",
                 &["reason"],
             ),
             runtime_alive_tasks: int_gauge(

@@ -30,6 +30,9 @@ pub enum Kind {
     Shed,
     /// The chosen backends have no endpoint (an empty DNS answer).
     NoEndpoint,
+    /// goodput has no file descriptor left for the upstream connection (EMFILE, ENFILE): its
+    /// own limit, not the backend's fault, so neither the breaker nor failover hears of it.
+    OutOfDescriptors,
     /// No connection to the upstream (refused, unreachable, DNS, TLS handshake).
     UpstreamConnect,
     UpstreamConnectTimeout,
@@ -53,6 +56,7 @@ impl Kind {
             Kind::AtCapacity => "backend_at_capacity",
             Kind::Shed => "overloaded",
             Kind::NoEndpoint => "no_endpoint",
+            Kind::OutOfDescriptors => "out_of_descriptors",
             Kind::UpstreamConnect => "connect",
             Kind::UpstreamConnectTimeout => "timeout_connect",
             Kind::UpstreamFirstByteTimeout => "timeout_first_byte",
@@ -66,7 +70,7 @@ impl Kind {
             Kind::BadTarget | Kind::BadHost | Kind::BodyRead => StatusCode::BAD_REQUEST,
             Kind::Connect => StatusCode::METHOD_NOT_ALLOWED,
             Kind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            Kind::AtCapacity | Kind::NoEndpoint => StatusCode::SERVICE_UNAVAILABLE,
+            Kind::AtCapacity | Kind::NoEndpoint | Kind::OutOfDescriptors => StatusCode::SERVICE_UNAVAILABLE,
             Kind::Shed => StatusCode::TOO_MANY_REQUESTS,
             Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => StatusCode::GATEWAY_TIMEOUT,
             Kind::UpstreamConnect | Kind::UpstreamProtocol | Kind::UpstreamUpgrade => StatusCode::BAD_GATEWAY,
@@ -79,7 +83,7 @@ impl Kind {
             Kind::BadTarget | Kind::Connect | Kind::BadHost | Kind::BodyTooLarge | Kind::BodyRead => {
                 "invalid_request_error"
             }
-            Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint => "overloaded_error",
+            Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint | Kind::OutOfDescriptors => "overloaded_error",
             Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => "upstream_timeout",
             Kind::UpstreamConnect | Kind::UpstreamProtocol | Kind::UpstreamUpgrade => "upstream_error",
         }
@@ -91,7 +95,7 @@ impl Kind {
             Kind::BadTarget | Kind::Connect | Kind::BadHost | Kind::BodyTooLarge | Kind::BodyRead => {
                 Outcome::Rejected
             }
-            Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint => Outcome::Rejected,
+            Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint | Kind::OutOfDescriptors => Outcome::Rejected,
             Kind::UpstreamConnect => Outcome::ConnectError,
             Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => Outcome::Timeout,
             Kind::UpstreamProtocol | Kind::UpstreamUpgrade => Outcome::UpstreamReset,
@@ -165,6 +169,19 @@ impl Error {
             return Error::new(kind, message).with_source(e).sent(true);
         }
         if e.is_connect() {
+            let out_of_fds = chain(&e).any(|s| {
+                s.downcast_ref::<std::io::Error>()
+                    .and_then(std::io::Error::raw_os_error)
+                    .is_some_and(|c| c == libc::EMFILE || c == libc::ENFILE)
+            });
+            if out_of_fds {
+                return Error::new(
+                    Kind::OutOfDescriptors,
+                    "goodput has no file descriptor left for the upstream connection",
+                )
+                .with_source(e)
+                .retry_after(1);
+            }
             let timed_out = chain(&e).any(|s| {
                 s.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
             });
@@ -267,6 +284,7 @@ mod tests {
             (Kind::BodyTooLarge, 413, false),
             (Kind::BodyRead, 400, false),
             (Kind::AtCapacity, 503, false),
+            (Kind::OutOfDescriptors, 503, false),
             (Kind::UpstreamConnect, 502, true),
             (Kind::UpstreamConnectTimeout, 504, true),
             (Kind::UpstreamFirstByteTimeout, 504, true),

@@ -132,7 +132,7 @@ impl Proxy {
     /// is filed with the error's outcome.
     fn fail(&self, e: Error, metered: Option<MeteredRequest>) -> Response<ProxyBody> {
         // Refused for want of capacity, not for the request's fault: what an operator must see.
-        if matches!(e.kind, Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint) {
+        if matches!(e.kind, Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint | Kind::OutOfDescriptors) {
             self.metrics.rejected.with_label_values(&[e.kind.code()]).inc();
         }
         let mut which = None;
@@ -157,6 +157,9 @@ impl Proxy {
                 error = %DisplayChain(&e),
                 "upstream failure"
             );
+        } else if e.kind == Kind::OutOfDescriptors {
+            // goodput's own limit: the operator's to raise (see `raise_fd_limit` in the command).
+            tracing::warn!(kind = e.kind.code(), error = %DisplayChain(&e), "request refused: goodput is out of file descriptors");
         } else {
             tracing::debug!(kind = e.kind.code(), error = %e, "request refused");
         }

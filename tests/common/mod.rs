@@ -60,15 +60,26 @@ impl Goodput {
     }
 
     pub fn start_with(yaml: &str, extra: &[&str]) -> Goodput {
-        Self::spawn(yaml, extra, &[], false)
+        Self::spawn(yaml, extra, &[], false, None)
+    }
+
+    /// Logged, started with this soft and hard limit on open files.
+    pub fn start_with_nofile(yaml: &str, soft: u64, hard: u64) -> Goodput {
+        Self::spawn(yaml, &[], &[("RUST_LOG", "info")], true, Some((soft, hard)))
     }
 
     /// Like `start_with`, with extra environment, and stderr kept in `self.log()`.
     pub fn start_logged(yaml: &str, extra: &[&str], env: &[(&str, &str)]) -> Goodput {
-        Self::spawn(yaml, extra, env, true)
+        Self::spawn(yaml, extra, env, true, None)
     }
 
-    fn spawn(yaml: &str, extra: &[&str], env: &[(&str, &str)], log: bool) -> Goodput {
+    fn spawn(
+        yaml: &str,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        log: bool,
+        nofile: Option<(u64, u64)>,
+    ) -> Goodput {
         let dir = temp_dir("gp");
         let config = dir.join("goodput.yaml");
         std::fs::write(&config, yaml).unwrap();
@@ -91,11 +102,18 @@ impl Goodput {
         // of those ports would see requests it never sent. The kernel kills it instead, when
         // the spawning *thread* exits: so start goodput on the test's own thread, never on a
         // blocking-pool thread, which may exit while the test still uses it.
-        // SAFETY: prctl is async-signal-safe and touches nothing of the parent's state.
+        // SAFETY: prctl and setrlimit are async-signal-safe and touch nothing of the parent's
+        // state.
         unsafe {
-            std::os::unix::process::CommandExt::pre_exec(&mut cmd, || {
+            std::os::unix::process::CommandExt::pre_exec(&mut cmd, move || {
                 if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
                     return Err(std::io::Error::last_os_error());
+                }
+                if let Some((soft, hard)) = nofile {
+                    let l = libc::rlimit { rlim_cur: soft, rlim_max: hard };
+                    if libc::setrlimit(libc::RLIMIT_NOFILE, &l) == -1 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 Ok(())
             });
@@ -726,4 +744,17 @@ pub async fn read_request_bytes(s: &mut tokio::net::TcpStream) -> Option<Vec<u8>
             Ok(n) => buf.extend_from_slice(&chunk[..n]),
         }
     }
+}
+
+/// join_all without the futures crate: the requests run concurrently on the runtime.
+pub async fn join_all<F: std::future::Future + Send + 'static>(fs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F::Output: Send,
+{
+    let handles: Vec<_> = fs.map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
 }
