@@ -46,6 +46,65 @@ def variables():
     ]
 
 
+# goodput's own process_* series: vLLM (and most exporters) export the same names, so only the
+# targets that also export goodput_build_info.
+GOODPUT_PROCESS = "* on (instance, job) group_left goodput_build_info"
+
+
+def annotations():
+    """Events drawn on every panel: what changed when a figure moved. One marker a minute at most."""
+
+    def prom(name, color, expr, title, text):
+        return {
+            "name": name,
+            "enable": True,
+            "hide": False,
+            "iconColor": color,
+            "datasource": {"type": "prometheus", "uid": "${datasource}"},
+            "expr": expr,
+            "step": "1m",
+            "titleFormat": title,
+            "textFormat": text,
+            "tagKeys": "instance",
+            "useValueForTime": False,
+        }
+
+    return [
+        {
+            "builtIn": 1,
+            "name": "Annotations & Alerts",
+            "enable": True,
+            "hide": True,
+            "iconColor": "rgba(0, 211, 255, 1)",
+            "type": "dashboard",
+            "datasource": {"type": "grafana", "uid": "-- Grafana --"},
+        },
+        # A new pod or a restarted container: the process started in the last two minutes
+        # (two scrape intervals of slack, so that one sample a minute always sees it).
+        prom(
+            "goodput started",
+            "purple",
+            "max by (instance, version) (process_start_time_seconds * on (instance, job) group_left (version) goodput_build_info) > time() - 120",
+            "goodput started",
+            "{{instance}} version {{version}}",
+        ),
+        prom(
+            "config reloaded",
+            "blue",
+            'sum by (instance) (increase(goodput_config_reloads_total{result="success"}[1m])) > 0',
+            "config reloaded",
+            "{{instance}}",
+        ),
+        prom(
+            "config rejected",
+            "red",
+            'sum by (instance) (increase(goodput_config_reloads_total{result="invalid"}[1m])) > 0',
+            "invalid config rejected (the previous one serves)",
+            "{{instance}}",
+        ),
+    ]
+
+
 class Board:
     def __init__(self, uid, title, description):
         self.uid, self.title, self.description = uid, title, description
@@ -96,7 +155,7 @@ class Board:
             "refresh": "30s",
             "timezone": "browser",
             "templating": {"list": variables()},
-            "annotations": {"list": []},
+            "annotations": {"list": annotations()},
             "panels": self.panels,
         }
         with open(path, "w") as f:
@@ -186,6 +245,50 @@ def overview():
         "s",
     )
     b.panel(
+        "goodput's CPU (cores)",
+        [
+            (f"sum by (instance) (rate(process_cpu_seconds_total[{RI}]) {GOODPUT_PROCESS})", "all {{instance}}"),
+            (f"sum by (instance) (rate(goodput_scoring_cpu_seconds_total[{RI}]))", "scoring {{instance}}"),
+        ],
+        "short",
+        w=8,
+        description="CPU of each goodput process, every thread; the scorers' share (perplexity, embeddings) is bounded by quality.max_cpu and runs at idle priority.",
+    )
+    b.panel(
+        "goodput's CPU per 1k output tokens (without scoring)",
+        [
+            (
+                f"(sum(rate(process_cpu_seconds_total[{RI}]) {GOODPUT_PROCESS}) - (sum(rate(goodput_scoring_cpu_seconds_total[{RI}])) or vector(0)))"
+                f' / sum(rate(goodput_tokens_total{{type="output"}}[{RI}])) * 1e6',
+                "proxy CPU per 1k output tokens",
+            )
+        ],
+        "ms",
+        w=8,
+        description="What metering and forwarding cost per token the clients received, over every backend and model: the proxy's CPU (process CPU less the scorers') divided by output tokens/s. BENCHMARKS.md has the same figure measured side by side with nginx.",
+    )
+    b.panel(
+        "goodput's memory and file descriptors",
+        [
+            (f"max by (instance) (process_resident_memory_bytes {GOODPUT_PROCESS})", "resident {{instance}}"),
+            (f"max by (instance) (process_open_fds / process_max_fds {GOODPUT_PROCESS})", "descriptors used {{instance}}"),
+        ],
+        "bytes",
+        w=8,
+        description="Resident memory, and open file descriptors as a share of the limit (one per client connection and one per upstream connection). Past the limit requests are refused with 503 out_of_descriptors; GoodputFileDescriptorsNearLimit warns at 80%.",
+        extra={
+            "fieldConfig": {
+                "defaults": {"unit": "bytes"},
+                "overrides": [
+                    {
+                        "matcher": {"id": "byFrameRefID", "options": "B"},
+                        "properties": [{"id": "unit", "value": "percentunit"}, {"id": "custom.axisPlacement", "value": "right"}],
+                    }
+                ],
+            }
+        },
+    )
+    b.panel(
         "Requests in flight and client connections",
         [
             ('sum by (backend) (goodput_in_flight_requests{backend=~"$backend"})', "{{backend}}"),
@@ -201,7 +304,7 @@ def overview():
             (f"sum(rate(goodput_records_dropped_total[{RI}]))", "records dropped (missing from every figure)"),
         ],
         "reqps",
-        description="Answered by goodput itself for want of capacity: max_connections, backend_at_capacity (every backend of a route at its max_concurrency), no_endpoint (a pool with no address) with 503, overloaded (a class that sheds) with 429. A body over limits.max_body_bytes gets 413. Records dropped: requests forwarded but not measured because the recorder fell behind; should stay 0.",
+        description="Answered by goodput itself for want of capacity: max_connections, backend_at_capacity (every backend of a route at its max_concurrency), no_endpoint (a pool with no address), out_of_descriptors (goodput's open-file limit) with 503, overloaded (a class that sheds) with 429. A body over limits.max_body_bytes gets 413. Records dropped: requests forwarded but not measured because the recorder fell behind; should stay 0.",
     )
     b.panel(
         "goodput instances by version",

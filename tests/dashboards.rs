@@ -1,7 +1,8 @@
 //! Every PromQL expression in every Grafana dashboard (grafana/dashboards/*.json), evaluated
 //! against a real Prometheus that scrapes a running goodput under load, with perplexity
 //! scoring (the real ONNX model), consistency checks and routing on, and goodput's recording
-//! rules loaded: each must parse and return a finite value. No empty panel.
+//! rules loaded: each must parse and return a finite value. No empty panel, and every
+//! annotation (goodput started, config reloaded, config rejected) marks its event.
 
 use crate::common::prom::*;
 use crate::common::*;
@@ -22,6 +23,16 @@ fn exprs() -> Vec<(String, String, String)> {
             vars.contains(&"datasource") && vars.contains(&"backend") && vars.contains(&"model"),
             "{f:?}: {vars:?}"
         );
+        for a in d["annotations"]["list"].as_array().unwrap() {
+            if let Some(expr) = a["expr"].as_str() {
+                assert_eq!(a["datasource"]["uid"], "${datasource}", "{f:?} {}", a["name"]);
+                out.push((
+                    f.file_name().unwrap().to_string_lossy().into_owned(),
+                    format!("annotation {}", a["name"]),
+                    expr.to_string(),
+                ));
+            }
+        }
         for p in d["panels"].as_array().unwrap() {
             assert_eq!(p["datasource"]["uid"], "${datasource}", "{f:?} {}", p["title"]);
             for t in p["targets"].as_array().unwrap() {
@@ -160,8 +171,24 @@ quality:
         })
         .collect();
 
+    // The events the annotations mark: a reload, and an invalid config (the last good one
+    // keeps serving). After Prometheus has seen the counters at 0: increase() needs a sample
+    // before the event.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !has_finite(&query(port, "goodput_config_reloads_total").await) {
+        assert!(Instant::now() < deadline, "Prometheus never scraped goodput");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let config = std::fs::read_to_string(&gp.config).unwrap();
+    assert!(config.contains("exploration: 0.1,"), "{config}");
+    std::fs::write(&gp.config, config.replace("exploration: 0.1,", "exploration: 0.12,")).unwrap();
+    wait_metric(&gp, "goodput_config_reloads_total", &[("result", "success")], 1.0).await;
+    std::fs::write(&gp.config, format!("{config}\nslo: [not, a, map]\n")).unwrap();
+    wait_metric(&gp, "goodput_config_reloads_total", &[("result", "invalid")], 1.0).await;
+
     let all = exprs();
     assert!(all.len() >= 30, "{} expressions", all.len());
+    assert_eq!(all.iter().filter(|(_, t, _)| t.starts_with("annotation")).count(), 9, "three on each board");
     tokio::time::sleep(Duration::from_secs(15)).await;
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut missing = all.clone();
