@@ -6,6 +6,7 @@ use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use http_body_util::{Either, Full};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::ProxyBody;
 use crate::meter::record::Outcome;
@@ -244,6 +245,39 @@ impl std::error::Error for ClientBodyError {
     }
 }
 
+/// A warning that can come in a flood (every request, every retry), said at most once a
+/// second with the count of those left out. Shared by tasks: atomics, no lock.
+pub struct Quiet {
+    epoch: std::time::Instant,
+    /// Milliseconds after `epoch` plus one second of the last line; 0 before the first.
+    last_ms: AtomicU64,
+    left_out: AtomicU64,
+}
+
+impl Quiet {
+    pub fn new() -> Quiet {
+        Quiet { epoch: std::time::Instant::now(), last_ms: AtomicU64::new(0), left_out: AtomicU64::new(0) }
+    }
+
+    /// `Some(lines left out since the last)` when a line is due.
+    pub fn due(&self) -> Option<u64> {
+        let now = self.epoch.elapsed().as_millis() as u64 + 1000;
+        let last = self.last_ms.load(Ordering::Relaxed);
+        let quiet = last != 0 && now - last < 1000;
+        if quiet || self.last_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_err() {
+            self.left_out.fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(self.left_out.swap(0, Ordering::Relaxed))
+    }
+}
+
+impl Default for Quiet {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// An error and its sources, outermost first.
 fn chain<'a>(
     e: &'a (dyn std::error::Error + 'static),
@@ -265,6 +299,19 @@ pub fn error_response(status: StatusCode, kind: &str, code: &str, message: &str)
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
+
+    #[test]
+    fn a_flood_of_warnings_is_one_line_a_second_with_the_count_left_out() {
+        let q = Quiet::new();
+        assert_eq!(q.due(), Some(0));
+        for _ in 0..49 {
+            assert_eq!(q.due(), None);
+        }
+        // One second later the next line is due, and says how many were left out.
+        q.last_ms.fetch_sub(1000, Ordering::Relaxed);
+        assert_eq!(q.due(), Some(49));
+        assert_eq!(q.due(), None);
+    }
 
     #[test]
     fn only_an_unsent_upstream_failure_fails_over() {

@@ -61,6 +61,7 @@ pub struct Proxy {
     next_id: AtomicU64,
     /// Which scorers run: sampled requests keep their body and text for them.
     sampling: Sampling,
+    out_of_fds: error::Quiet,
 }
 
 /// The scorers that are running (read at start-up).
@@ -158,8 +159,11 @@ impl Proxy {
                 "upstream failure"
             );
         } else if e.kind == Kind::OutOfDescriptors {
-            // goodput's own limit: the operator's to raise (see `raise_fd_limit` in the command).
-            tracing::warn!(kind = e.kind.code(), error = %DisplayChain(&e), "request refused: goodput is out of file descriptors");
+            // goodput's own limit, the operator's to raise (`raise_fd_limit` in the command);
+            // every request then fails alike, so once a second.
+            if let Some(more) = self.out_of_fds.due() {
+                tracing::warn!(kind = e.kind.code(), error = %DisplayChain(&e), more_since_last_line = more, "request refused: goodput is out of file descriptors");
+            }
         } else {
             tracing::debug!(kind = e.kind.code(), error = %e, "request refused");
         }
@@ -188,6 +192,7 @@ impl Proxy {
             draining: AtomicBool::new(false),
             next_id: AtomicU64::new(1),
             sampling,
+            out_of_fds: error::Quiet::new(),
         })
     }
 

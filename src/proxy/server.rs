@@ -43,13 +43,17 @@ pub async fn serve(
     let metrics = proxy.metrics.clone();
     let rewake = super::rewake::wanted();
     tokio::pin!(shutdown);
+    let accept_failed = super::error::Quiet::new();
     loop {
         let (stream, remote) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(s) => s,
                 Err(e) => {
-                    // EMFILE and friends: back off instead of spinning.
-                    tracing::warn!(error = %e, "accept failed");
+                    // EMFILE and friends: back off instead of spinning (the connection waits in
+                    // the listen backlog), and say so once a second, not at every retry.
+                    if let Some(more) = accept_failed.due() {
+                        tracing::warn!(error = %e, more_since_last_line = more, "accept failed");
+                    }
                     tokio::time::sleep(Duration::from_millis(20)).await;
                     continue;
                 }
