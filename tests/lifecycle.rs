@@ -54,6 +54,19 @@ async fn limits_answer_503_with_retry_after_and_431() {
     assert!(refused.starts_with("HTTP/1.1 503"), "{refused}");
     assert!(refused.contains("retry-after: 2"), "{refused}");
     assert!(refused.contains(r#""code":"max_connections""#), "{refused}");
+    // An h2 client (prior knowledge) is answered in h2: a 503 on its stream, not HTTP/1.1
+    // text that it can only read as a broken connection.
+    let io = hyper_util::rt::TokioIo::new(TcpStream::connect(gp.proxy).await.unwrap());
+    let (mut h2, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io).await.unwrap();
+    tokio::spawn(conn);
+    let req = Request::get(format!("http://{}/v1/models", gp.proxy)).body(Full::<Bytes>::default()).unwrap();
+    let r = h2.send_request(req).await.expect("an h2 answer");
+    assert_eq!(r.status(), 503);
+    assert_eq!(r.headers()["retry-after"], "2");
+    let body = http_body_util::BodyExt::collect(r.into_body()).await.unwrap().to_bytes();
+    assert!(String::from_utf8_lossy(&body).contains(r#""code":"max_connections""#), "{body:?}");
+    drop(h2);
     drop(open.pop());
     tokio::time::sleep(Duration::from_millis(100)).await;
     let mut s = TcpStream::connect(gp.proxy).await.unwrap();
@@ -86,7 +99,7 @@ async fn limits_answer_503_with_retry_after_and_431() {
     assert_eq!(send(gp.proxy, chat(false, 5)).await.status, 200, "capacity comes back");
 
     let m = gp.metrics().await;
-    assert_eq!(metric(&m, "goodput_rejected_total", &[("reason", "max_connections")]), 1.0);
+    assert_eq!(metric(&m, "goodput_rejected_total", &[("reason", "max_connections")]), 2.0);
     assert_eq!(metric(&m, "goodput_rejected_total", &[("reason", "backend_at_capacity")]), 1.0);
     let records = gp.records(4).await;
     assert_eq!(records.iter().filter(|r| r["outcome"] == "rejected" && r["status"] == 503).count(), 1);

@@ -111,35 +111,34 @@ impl Drop for ConnSlot {
     }
 }
 
-/// Answer a connection over limits.max_connections with 503 + Retry-After, without reading
-/// its request. The answer is written whole, then the socket lingers briefly (its unread
-/// request would otherwise turn the close into a reset that can destroy the answer). At most
-/// MAX_REFUSING connections linger; past that a connection is simply closed.
+/// Answer a connection over limits.max_connections with 503 + Retry-After. hyper answers it, in
+/// the connection's own protocol (an h2 client gets the 503 on its stream), and closes it after
+/// the answer; a client that sends no request within REFUSE_FOR is closed without one. At most
+/// MAX_REFUSING connections are answered at once; past that a connection is simply closed.
 fn refuse(stream: tokio::net::TcpStream, retry_after: u64, refusing: &Arc<AtomicUsize>) {
     const MAX_REFUSING: usize = 64;
+    const REFUSE_FOR: Duration = Duration::from_millis(500);
     if refusing.fetch_add(1, Ordering::Relaxed) >= MAX_REFUSING {
         refusing.fetch_sub(1, Ordering::Relaxed);
         return;
     }
     let refusing = refusing.clone();
-    tokio::spawn(async move {
-        use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let body = r#"{"error":{"message":"goodput is at limits.max_connections; retry later","type":"overloaded_error","code":"max_connections"}}"#;
-        let head = format!(
-            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-             retry-after: {retry_after}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-            body.len()
+    let svc = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
+        let mut r = super::error_response(
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            "overloaded_error",
+            "max_connections",
+            "goodput is at limits.max_connections; retry later",
         );
-        let mut stream = stream;
-        let linger = async {
-            stream.write_all(head.as_bytes()).await?;
-            stream.write_all(body.as_bytes()).await?;
-            stream.shutdown().await?;
-            let mut sink = [0u8; 4096];
-            while stream.read(&mut sink).await? > 0 {}
-            Ok::<_, std::io::Error>(())
-        };
-        let _ = tokio::time::timeout(Duration::from_millis(500), linger).await;
+        r.headers_mut().insert(http::header::RETRY_AFTER, retry_after.into());
+        Ok::<_, Infallible>(r)
+    });
+    tokio::spawn(async move {
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder.http1().keep_alive(false);
+        builder.http2().max_concurrent_streams(4);
+        let conn = builder.serve_connection(TokioIo::new(stream), svc);
+        let _ = tokio::time::timeout(REFUSE_FOR, conn).await;
         refusing.fetch_sub(1, Ordering::Relaxed);
     });
 }
