@@ -584,8 +584,10 @@ async fn metrics_latency_goodput_and_label_bounds() {
     assert_eq!(w["counts"]["slo_judged"], 5, "the client's own error is not judged");
     assert_eq!((&w["counts"]["client_errors"], &w["counts"]["errors"]), (&1.into(), &0.into()), "{w}");
     assert_eq!(w["error_rate"], 0.0, "a client's 400 is not the backend's failure");
+    // The window's median is a fast request's (20 ms upstream), below the slow one's 150 ms,
+    // with the same room for a loaded machine as the buckets above (CI once read 44 ms).
     let p50 = w["ttft"]["p50"].as_f64().unwrap();
-    assert!((0.019..0.040).contains(&p50), "windowed TTFT p50 {p50}");
+    assert!((0.019..0.1).contains(&p50), "windowed TTFT p50 {p50}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
