@@ -277,14 +277,11 @@ fn open_request_log(path: &std::path::Path) -> Result<crate::meter::recorder::Re
 /// upstream connection then fails. Warns when even the hard limit is below what
 /// `limits.max_connections` needs.
 fn raise_fd_limit(max_connections: usize) {
-    // SAFETY: getrlimit and setrlimit read and write only the struct they are given.
-    let mut l: libc::rlimit = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
-        return;
-    }
+    let Some(mut l) = crate::meter::process::open_file_limit() else { return };
     let before = l.rlim_cur;
     if l.rlim_cur < l.rlim_max {
         let raised = libc::rlimit { rlim_cur: l.rlim_max, rlim_max: l.rlim_max };
+        // SAFETY: setrlimit reads only the struct it is given.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
             l = raised;
             tracing::info!(from = before, to = l.rlim_cur, "raised the open-file limit to its hard limit");
@@ -293,7 +290,7 @@ fn raise_fd_limit(max_connections: usize) {
     // A client and an upstream descriptor per connection, and a reserve for listeners, the
     // pool's idle connections, server watchers and files.
     let needed = 2 * max_connections as u64 + 256;
-    if l.rlim_cur != libc::RLIM_INFINITY && (l.rlim_cur as u64) < needed {
+    if l.rlim_cur != libc::RLIM_INFINITY && l.rlim_cur < needed {
         tracing::warn!(
             limit = l.rlim_cur,
             needed,

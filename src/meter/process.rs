@@ -89,13 +89,16 @@ fn cpu_seconds() -> Option<f64> {
     Some(secs(u.ru_utime) + secs(u.ru_stime))
 }
 
-fn max_fds() -> Option<f64> {
-    // SAFETY: getrlimit writes the struct it is given.
+/// The process's limit on open files (soft and hard): read here for `process_max_fds`, and by
+/// the command, which raises the soft one at start.
+pub fn open_file_limit() -> Option<libc::rlimit> {
+    // SAFETY: getrlimit writes the struct it is given; a zeroed rlimit is a valid value.
     let mut l: libc::rlimit = unsafe { std::mem::zeroed() };
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 || l.rlim_cur == libc::RLIM_INFINITY {
-        return None;
-    }
-    Some(l.rlim_cur as f64)
+    (unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } == 0).then_some(l)
+}
+
+fn max_fds() -> Option<f64> {
+    open_file_limit().filter(|l| l.rlim_cur != libc::RLIM_INFINITY).map(|l| l.rlim_cur as f64)
 }
 
 impl Collector for ProcessCollector {
