@@ -163,7 +163,7 @@ async fn fault_upstreams() -> Vec<Fault> {
 
 fn fault_yaml(healthy: SocketAddr, faults: &[Fault], extra: &str) -> String {
     let mut y = format!(
-        "timeouts: {{connect_ms: 1000, first_byte_ms: 800, idle_ms: 800, pool_idle_ms: 300}}\n\
+        "timeouts: {{connect_ms: 1000, first_byte_ms: 800, idle_ms: 2000, pool_idle_ms: 300}}\n\
          limits: {{header_read_timeout_ms: 1000, max_body_bytes: 1048576}}\n{extra}\
          backends:\n  - name: healthy\n    url: http://{healthy}\n"
     );
@@ -245,7 +245,9 @@ fn assert_alive(gp: &mut Goodput) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_faults_get_clear_answers_and_leave_nothing_behind() {
     const REPS: usize = 3;
-    let (sim_addr, sim) = spawn_sim(0.0, 10.0, 400).await;
+    // The healthy stream lasts 8 s: longer than the reps (each waits idle_ms for slow_chunks).
+    const HEALTHY: u32 = 800;
+    let (sim_addr, sim) = spawn_sim(0.0, 10.0, HEALTHY).await;
     let faults = Arc::new(fault_upstreams().await);
     let mut gp = Goodput::start(&fault_yaml(sim_addr, &faults, ""));
     let ok = send(gp.proxy, stream_req("healthy", 4)).await;
@@ -253,9 +255,9 @@ async fn upstream_faults_get_clear_answers_and_leave_nothing_behind() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let base = usage(&gp).await;
 
-    // A 4-second healthy stream through the same proxy while the faults happen.
+    // A healthy stream through the same proxy while the faults happen.
     let proxy = gp.proxy;
-    let healthy = tokio::spawn(async move { send(proxy, stream_req("healthy", 400)).await });
+    let healthy = tokio::spawn(async move { send(proxy, stream_req("healthy", HEALTHY)).await });
     for rep in 0..REPS {
         let runs = (0..faults.len()).map(|i| {
             let (proxy, name) = (gp.proxy, faults[i].name);
@@ -289,7 +291,7 @@ async fn upstream_faults_get_clear_answers_and_leave_nothing_behind() {
     let h = healthy.await.unwrap();
     assert_eq!((h.status.as_u16(), &h.error), (200, &None));
     let text = h.text();
-    assert!(text.matches("\"content\"").count() >= 400, "the healthy stream lost tokens");
+    assert!(text.matches("\"content\"").count() >= HEALTHY as usize, "the healthy stream lost tokens");
     assert!(text.ends_with("data: [DONE]\n\n"));
 
     let records = gp.records(1 + 1 + REPS * faults.len()).await;
@@ -341,7 +343,7 @@ async fn a_queued_stream_waits_first_byte_ms_for_its_first_token() {
             "  - name: {name}\n    match: {{headers: {{x-fault: {name}}}}}\n    backends: [{name}]\n"
         );
     }
-    let mut gp = Goodput::start(&yaml);
+    let mut gp = Goodput::start_logged(&yaml, &[], &[]);
 
     let r = send(gp.proxy, stream_req("queued", 8)).await;
     assert_eq!((r.status.as_u16(), &r.error), (200, &None), "queued 1 s with idle_ms 300");
@@ -377,6 +379,77 @@ async fn a_queued_stream_waits_first_byte_ms_for_its_first_token() {
     assert_eq!(errors("queued", "timeout_idle") + errors("queued", "timeout_first_byte"), 0.0);
     assert_eq!(errors("never", "timeout_first_byte"), 1.0);
     assert_eq!(errors("stalls", "timeout_idle"), 1.0);
+    // Each cut is logged as an upstream failure, naming the request and the server.
+    let log = gp.log();
+    for (route, kind) in [("never", "timeout_first_byte"), ("stalls", "timeout_idle")] {
+        let line =
+            log.lines().find(|l| l.contains("upstream failure") && l.contains(&format!("kind=\"{kind}\"")));
+        let line = line.unwrap_or_else(|| panic!("no {kind} failure logged: {log}"));
+        let id = of(route)["id"].clone();
+        assert!(
+            line.contains(&format!("id={id} ")) && line.contains(&format!("backend=\"{route}\"")),
+            "{line}"
+        );
+    }
+    assert!(!log.contains("backend=\"queued\""), "{log}");
+    assert_alive(&mut gp);
+}
+
+/// A client that stops reading for longer than `idle_ms` holds the upstream back through
+/// backpressure: that wait is the client's, not silence of the upstream, so the stream must
+/// come through whole when the client reads again (a loaded machine pauses clients too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_pauses_reading_is_not_an_idle_upstream() {
+    const WRITES: u64 = 800; // 40 MiB: more than the sockets and hyper hold between them
+    let written = Arc::new(AtomicU64::new(0));
+    let counted = written.clone();
+    let up = raw_upstream(move |mut s| {
+        let written = counted.clone();
+        async move {
+            while read_request(&mut s).await {
+                let _ = s.write_all(SSE_HEAD).await;
+                let ev = chunk(&EVENT.repeat(600).into_bytes());
+                for _ in 0..WRITES {
+                    if s.write_all(&ev).await.is_err() {
+                        return;
+                    }
+                    written.fetch_add(1, Ordering::SeqCst);
+                }
+                let _ = s.write_all(&chunk(b"data: [DONE]\n\n")).await;
+                let _ = s.write_all(b"0\r\n\r\n").await;
+            }
+        }
+    })
+    .await;
+    let yaml = format!(
+        "timeouts: {{idle_ms: 300}}\nbackends:\n  - name: up\n    url: http://{up}\n\
+         routes:\n  - name: up\n    backends: [up]\n"
+    );
+    let mut gp = Goodput::start(&yaml);
+    let stream = TcpStream::connect(gp.proxy).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let mut req = stream_req("up", 8);
+    req.headers_mut().insert("host", gp.proxy.to_string().parse().unwrap());
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut got = body.frame().await.unwrap().unwrap().into_data().unwrap().len();
+    // Five times idle_ms without reading, while the upstream has more to send.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let held = written.load(Ordering::SeqCst);
+    assert!(held < WRITES, "the upstream was not held back: it wrote everything during the pause");
+    eprintln!("paused client: the upstream was held at {held} of {WRITES} writes");
+    while let Some(f) = body.frame().await {
+        let f = f.unwrap_or_else(|e| panic!("the stream was cut after {got} bytes: {e}"));
+        got += f.into_data().map_or(0, |d| d.len());
+    }
+    assert_eq!(got, WRITES as usize * EVENT.len() * 600 + "data: [DONE]\n\n".len());
+    let r = latest(&gp.records(1).await).clone();
+    assert_eq!(r["outcome"], "ok", "{r}");
+    let m = gp.metrics().await;
+    let idle = metric(&m, "goodput_upstream_errors_total", &[("backend", "up"), ("kind", "timeout_idle")]);
+    assert_eq!(idle, 0.0);
     assert_alive(&mut gp);
 }
 

@@ -18,9 +18,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
-use super::ProxyBody;
 use super::error::BoxError;
 use super::headers;
+use super::{DisplayChain, ProxyBody};
 use crate::config::Config;
 use crate::config::reload::ResolvedBackend;
 use crate::meter::observe::ResponseMeter;
@@ -237,21 +237,39 @@ impl MeteredBody {
     fn fell_silent(&mut self) -> BoxError {
         self.ended = true;
         let first = self.first_token_by.is_some();
+        let kind = if first { "timeout_first_byte" } else { "timeout_idle" };
         if let Some(m) = &self.metering {
-            let kind = if first { "timeout_first_byte" } else { "timeout_idle" };
             m.upstream_errors.with_label_values(&[&m.record.backend, kind]).inc();
         }
+        let e = BodyTimeout { first_token: first, silent: self.last_data.elapsed() };
+        self.log_cut(kind, &e);
         self.finish(Some(Outcome::Timeout), Instant::now());
-        Box::new(BodyTimeout { first_token: first, silent: self.last_data.elapsed() })
+        Box::new(e)
     }
 
     /// The upstream body failed (a reset, a framing error): the answer ends there.
-    fn upstream_failed(&mut self) {
+    fn upstream_failed(&mut self, e: &hyper::Error) {
         self.ended = true;
         if let Some(m) = &self.metering {
             m.upstream_errors.with_label_values(&[&m.record.backend, "reset"]).inc();
         }
+        self.log_cut("reset", e);
         self.finish(Some(Outcome::UpstreamReset), Instant::now());
+    }
+
+    /// An answer the upstream cut after its head, logged as one it failed before the head is
+    /// (the same message; `kind` tells them apart): ids and addresses, never content.
+    fn log_cut(&self, kind: &'static str, e: &(dyn std::error::Error + '_)) {
+        let r = self.metering.as_ref().map(|m| &m.record);
+        tracing::warn!(
+            id = r.map(|r| r.id),
+            request_id = r.and_then(|r| r.request_id.as_deref()),
+            backend = r.map(|r| &*r.backend),
+            endpoint = self.dispatch.as_ref().map(|d| &*d.endpoint().label),
+            kind,
+            error = %DisplayChain(e),
+            "upstream failure"
+        );
     }
 
     /// A frame from the upstream, metered; what goes to the client (None when the meter took
@@ -409,7 +427,7 @@ impl Body for MeteredBody {
                     continue;
                 }
                 Poll::Ready(Some(Err(e))) => {
-                    this.upstream_failed();
+                    this.upstream_failed(&e);
                     if this.unflushed {
                         // The bytes that did arrive reach the client before the cut.
                         this.deferred = Some(e.into());

@@ -226,12 +226,12 @@ impl Proxy {
 }
 
 /// An error and its causes on one line, for the log.
-struct DisplayChain<'a>(&'a Error);
+pub(super) struct DisplayChain<'a>(pub &'a (dyn std::error::Error + 'a));
 
 impl std::fmt::Display for DisplayChain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}", self.0)?;
-        let mut source = std::error::Error::source(self.0);
+        let mut source = self.0.source();
         while let Some(s) = source {
             write!(f, ": {s}")?;
             source = s.source();

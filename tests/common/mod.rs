@@ -416,7 +416,15 @@ pub async fn read_reply(resp: Response<Incoming>, sent_at: Instant) -> Reply {
         match body.frame().await {
             None => break,
             Some(Err(e)) => {
-                error = Some(e.to_string());
+                // With its causes: hyper's own message alone ("error reading a body from
+                // connection") does not say whether the peer cut the body or reset.
+                let mut chain = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    chain += &format!(": {s}");
+                    source = s.source();
+                }
+                error = Some(chain);
                 break;
             }
             Some(Ok(f)) => {
