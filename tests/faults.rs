@@ -190,6 +190,16 @@ fn stream_req(fault: &str, max_tokens: u32) -> Request<Full<Bytes>> {
     r
 }
 
+/// A chat completion request written by hand, for a client that then misbehaves on the socket:
+/// to the `x-fault` route `fault` (or the default one).
+fn raw_chat(fault: Option<&str>, body: &str) -> String {
+    let route = fault.map_or(String::new(), |f| format!("x-fault: {f}\r\n"));
+    format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\n{route}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+}
+
 /// (open fds, alive tasks) of the goodput process, as its /metrics reports them.
 async fn usage(gp: &Goodput) -> (f64, f64) {
     let m = gp.metrics().await;
@@ -475,6 +485,63 @@ async fn firehose(written: Arc<AtomicU64>, cut: Arc<AtomicBool>) -> SocketAddr {
     .await
 }
 
+/// A client that takes none of its answer (a hung process, a peer gone without a FIN) would
+/// hold its connection, the upstream request and the generation for good: after
+/// `limits.send_timeout_ms` of a blocked write goodput closes the connection, which cancels the
+/// request upstream. A client that keeps reading is not cut, however long its stream lasts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_takes_nothing_is_closed_at_send_timeout_ms() {
+    let (sim_addr, sim) = spawn_sim(0.0, 10.0, 100).await;
+    let (written, cut) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
+    let hose = firehose(written.clone(), cut.clone()).await;
+    let yaml = format!(
+        "limits: {{send_timeout_ms: 500}}\ntimeouts: {{idle_ms: 60000}}\n\
+         backends:\n  - name: sim\n    url: http://{sim_addr}\n  - name: hose\n    url: http://{hose}\n\
+         routes:\n  - name: hose\n    match: {{headers: {{x-fault: hose}}}}\n    backends: [hose]\n\
+         \x20 - name: sim\n    backends: [sim]\n"
+    );
+    let mut gp = Goodput::start(&yaml);
+    // A one-second stream, twice the send timeout, to a client that reads as it comes.
+    let r = send(gp.proxy, stream_req("sim", 100)).await;
+    assert_eq!((r.status.as_u16(), &r.error), (200, &None));
+    assert_eq!(sse_contents(&r.text()).len(), 100, "{}", r.text());
+    assert_eq!(sim.cancelled(), 0);
+
+    // A client that sends its request, then reads nothing and keeps its socket open.
+    let mut s = TcpStream::connect(gp.proxy).await.unwrap();
+    let head = raw_chat(Some("hose"), r#"{"model":"m","stream":true,"messages":[]}"#);
+    s.write_all(head.as_bytes()).await.unwrap();
+    let t = Instant::now();
+    while !cut.load(Ordering::SeqCst) {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "the upstream request is still held for a client that took nothing ({} bytes written)",
+            written.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    eprintln!("a client that takes nothing: its upstream request was cut after {:?}", t.elapsed());
+    // The connection is closed: what was in flight, then its end (or a reset).
+    let mut sink = vec![0u8; 1 << 20];
+    let closed = tokio::time::timeout(Duration::from_secs(5), async {
+        while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
+    });
+    assert!(closed.await.is_ok(), "the connection stayed open");
+    let records = gp.records(2).await;
+    let rec = records.iter().find(|r| r["route"] == "hose").unwrap();
+    assert_eq!(rec["outcome"], "cancelled", "{rec}");
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_client_send_timeouts_total", &[]), 1.0);
+    assert_eq!(metric(&m, "goodput_in_flight_requests", &[]), 0.0);
+    // Both connections' tasks end (the first client's closes when its sender is dropped).
+    let t = Instant::now();
+    while metric(&gp.metrics().await, "goodput_client_connections", &[]) > 0.0 {
+        assert!(t.elapsed() < Duration::from_secs(5), "a client connection was left open");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_alive(&mut gp);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_faults_are_contained() {
     let (sim_addr, sim) = spawn_sim(0.0, 20.0, 100).await;
@@ -516,11 +583,7 @@ async fn client_faults_are_contained() {
 
     // A slow reader: goodput applies backpressure instead of buffering the stream.
     let mut s = TcpStream::connect(gp.proxy).await.unwrap();
-    let body = r#"{"model":"m","stream":true,"messages":[]}"#;
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-fault: hose\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let head = raw_chat(Some("hose"), r#"{"model":"m","stream":true,"messages":[]}"#);
     s.write_all(head.as_bytes()).await.unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     let stuck = written.load(Ordering::SeqCst);
@@ -555,11 +618,7 @@ async fn client_faults_are_contained() {
     // the upstream request is cancelled, so a generation nobody reads stops.
     let before = sim.cancelled();
     let mut s = TcpStream::connect(gp.proxy).await.unwrap();
-    let body = r#"{"model":"m","stream":true,"max_tokens":100,"messages":[]}"#;
-    let head = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    );
+    let head = raw_chat(None, r#"{"model":"m","stream":true,"max_tokens":100,"messages":[]}"#);
     s.write_all(head.as_bytes()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     s.shutdown().await.unwrap();
@@ -572,13 +631,8 @@ async fn client_faults_are_contained() {
 
     // Pipelined HTTP/1.1: two requests in one write, two answers in order.
     let mut s = TcpStream::connect(gp.proxy).await.unwrap();
-    let one = |tokens: u32| {
-        let body = format!(r#"{{"model":"m","max_tokens":{tokens},"messages":[]}}"#);
-        format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        )
-    };
+    let one =
+        |tokens: u32| raw_chat(None, &format!(r#"{{"model":"m","max_tokens":{tokens},"messages":[]}}"#));
     s.write_all(format!("{}{}", one(3), one(5)).as_bytes()).await.unwrap();
     let mut got = Vec::new();
     let mut b = [0u8; 65536];

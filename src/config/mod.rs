@@ -248,6 +248,10 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// A client must send its whole request head within this time (slowloris). Read at start-up.
     pub header_read_timeout_ms: u64,
+    /// A client that takes none of its answer for this long has its connection closed (nginx's
+    /// `send_timeout`): a stuck client would otherwise hold its connection, the upstream
+    /// request and the generation without end. For connections accepted after a reload.
+    pub send_timeout_ms: u64,
     /// Retry-After (seconds) on the 503s that limits answer.
     pub retry_after_secs: u64,
 }
@@ -259,6 +263,7 @@ impl Default for Limits {
             max_connections: 10_000,
             max_header_bytes: 64 * 1024,
             header_read_timeout_ms: 30_000,
+            send_timeout_ms: 60_000,
             retry_after_secs: 1,
         }
     }
@@ -567,6 +572,9 @@ impl Config {
         if l.header_read_timeout_ms == 0 {
             err("limits.header_read_timeout_ms".into(), "must be > 0".into());
         }
+        if l.send_timeout_ms == 0 {
+            err("limits.send_timeout_ms".into(), "must be > 0".into());
+        }
         if matches!(&self.admin_token, Some(t) if t.is_empty() || http::HeaderValue::from_str(t).is_err()) {
             err("admin_token".into(), "must be a non-empty header-safe string".into());
         }
@@ -771,6 +779,11 @@ mod tests {
             paths,
             vec!["listen", "backends[0].url", "backends[1].name", "backends[1]", "slo.ttft_ms"]
         );
+        let e =
+            Config::from_yaml(&format!("{MIN}limits: {{send_timeout_ms: 0, header_read_timeout_ms: 0}}\n"))
+                .unwrap_err();
+        let paths: Vec<_> = e.0.iter().map(|e| e.path.as_str()).collect();
+        assert_eq!(paths, vec!["limits.header_read_timeout_ms", "limits.send_timeout_ms"]);
     }
 
     #[test]

@@ -114,6 +114,8 @@ pub struct Metrics {
     pub discovery_refreshes: IntCounterVec,
     /// Client connections open now (limits.max_connections bounds it).
     pub client_connections: prometheus::IntGauge,
+    /// Client connections closed because the client took nothing for limits.send_timeout_ms.
+    pub client_send_timeouts: IntCounter,
     /// Requests or connections the proxy refused on a limit, by reason.
     pub rejected: IntCounterVec,
     /// Read from the runtime at each scrape (the soak test watches it; the `process_*` series
@@ -581,6 +583,10 @@ impl Metrics {
                 &reg,
                 "goodput_client_connections",
                 "Client connections open now on the proxy listener (limits.max_connections bounds it).",
+            ),
+            client_send_timeouts: single(
+                "goodput_client_send_timeouts_total",
+                "Client connections closed because the client took none of its answer for limits.send_timeout_ms; their requests count as cancelled.",
             ),
             rejected: counter(
                 &reg,

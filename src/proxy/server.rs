@@ -1,6 +1,7 @@
 //! The listener: hyper serves every client connection (HTTP/1.1 and h2c), each on its own
 //! task, with `Proxy::handle` as the service. Limits that apply before a request exists live
-//! here: the connection cap, the head read timeout and size, and graceful drain on shutdown.
+//! here: the connection cap, the head read timeout and size, the send timeout, and graceful
+//! drain on shutdown.
 
 use hyper::Request;
 use hyper::body::Incoming;
@@ -66,18 +67,26 @@ pub async fn serve(
             continue;
         }
         let _ = stream.set_nodelay(true);
+        // A write that stays blocked this long fails the connection: hyper then drops the
+        // answer's body, which cancels the upstream request. Only a write that waits arms it.
+        let mut io = tokio_io_timeout::TimeoutStream::new(stream);
+        io.set_write_timeout(Some(Duration::from_millis(proxy.config.load().config.limits.send_timeout_ms)));
         let slot = ConnSlot::take(&open, &metrics.client_connections);
         let p = proxy.clone();
         let svc = hyper::service::service_fn(move |req: Request<Incoming>| {
             let p = p.clone();
             async move { Ok::<_, Infallible>(p.handle(req, Some(remote)).await) }
         });
-        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+        let conn = builder.serve_connection(TokioIo::new(Box::pin(io)), svc).into_owned();
         // Counted by the graceful shutdown until the connection closes.
         let conn = Rewake::new(graceful.watch(conn), rewake);
+        let send_timeouts = metrics.client_send_timeouts.clone();
         tokio::spawn(async move {
             let _slot = slot;
             if let Err(e) = conn.await {
+                if timed_out(&*e) {
+                    send_timeouts.inc();
+                }
                 tracing::debug!(error = %e, "connection ended with an error");
             }
         });
@@ -88,6 +97,19 @@ pub async fn serve(
     if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         tracing::warn!(?grace, "grace period over; closing the remaining connections");
     }
+}
+
+/// The connection failed because a write to the client timed out: `limits.send_timeout_ms`, or
+/// the kernel giving up on a peer that acknowledges nothing.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut) {
+            return true;
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// One open client connection, counted until its task ends.
