@@ -318,6 +318,15 @@ def overview():
         [(f"sum by (type, source) (rate(goodput_tokens_total{{{SEL}}}[{RI}]))", "{{type}} {{source}}")],
         "short",
     )
+    b.panel(
+        "Stream usage asked for and taken out (/s)",
+        [
+            (f"sum(rate(goodput_usage_injected_total[{RI}]))", "streams goodput asked for include_usage"),
+            (f"sum(rate(goodput_usage_chunks_removed_total[{RI}]))", "usage chunks taken out before the client"),
+        ],
+        "reqps",
+        description="goodput's one change to traffic (usage.inject_stream_usage): streams whose client did not ask for usage get it asked for, and the usage-only chunk that comes back is removed. The two lines match when every server honours include_usage; a gap is streams whose server sent no usage, counted from chunks or the tokenizer instead (Tokens/s by source).",
+    )
     return b
 
 
@@ -386,6 +395,18 @@ def quality():
         ],
         "short",
         description="Cores the scorers keep busy. At the budget they rest between responses and drop what is sampled meanwhile (dropped cpu_budget above).",
+    )
+    b.panel(
+        "Tokens scored (/s, and per scoring CPU second)",
+        [
+            (f"sum(rate(goodput_scored_tokens_total{{{SEL}}}[{RI}]))", "tokens scored/s"),
+            (
+                f"sum(rate(goodput_scored_tokens_total[{RI}])) / sum(rate(goodput_scoring_cpu_seconds_total{{scorer=\"perplexity\"}}[{RI}]))",
+                "tokens per CPU second (perplexity)",
+            ),
+        ],
+        "short",
+        description="What the reference model gets through: tokens scored per second, and per second of the perplexity scorer's CPU (its speed on this hardware; BENCHMARKS.md has it measured). Divide the sampled tokens/s you want scored by the second line to size quality.max_cpu.",
     )
     b.panel(
         "Scorer batch size",
