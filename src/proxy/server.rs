@@ -99,12 +99,15 @@ pub async fn serve(
     }
 }
 
-/// The connection failed because a write to the client timed out: `limits.send_timeout_ms`, or
-/// the kernel giving up on a peer that acknowledges nothing.
+/// The connection failed because a write to the client waited `limits.send_timeout_ms`. The
+/// timer's error carries no OS code; the kernel's ETIMEDOUT (a peer that acknowledged nothing)
+/// does, and is not this counter's.
 fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
     let mut cause = Some(e);
     while let Some(c) = cause {
-        if c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut) {
+        if c.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut && io.raw_os_error().is_none())
+        {
             return true;
         }
         cause = c.source();
