@@ -4,8 +4,9 @@
 //! as the proxy does for every frame it forwards, and reports the median time per chunk over
 //! repeated runs, next to the bare SSE reader and a plain `Bytes` clone (the floor). The chunk
 //! reading is also timed alone, and on a whole non-streaming response of about 2 KB. Last, the
-//! recorder's work on a full 60 s window: a second's records and its four snapshots; and the
-//! one per-request step here, keeping the client's request id for the record.
+//! recorder's work on a full 60 s window: a second's records and its four snapshots; the
+//! one per-request step here, keeping the client's request id for the record; and what an h2
+//! answer's send watchdog costs, per frame and per answer.
 
 use bytes::Bytes;
 use goodput::meter::RequestRecord;
@@ -117,6 +118,70 @@ fn main() {
     println!("  a second: 100 records and 4 snapshots    {second:>8.0} ns");
     println!("  its first snapshot                       {first:>8.0} ns");
     println!("  a later snapshot in that second          {later:>8.0} ns");
+    let (bare, watched, answer) = h2_watchdog();
+    println!("an h2 answer's send watchdog (proxy::stall), per frame polled and per answer:");
+    println!("  a body's frame, polled bare              {bare:>8.0} ns");
+    println!("  the same, watched                        {watched:>8.0} ns");
+    println!("  an answer watched and dropped            {answer:>8.0} ns");
+}
+
+/// A body with the same frame whenever it is polled.
+struct Frames(Bytes);
+
+impl hyper::body::Body for Frames {
+    type Data = Bytes;
+    type Error = goodput::proxy::error::BoxError;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(self.0.clone()))))
+    }
+}
+
+/// Medians, in ns: a frame polled from a bare body and from the same body watched; an answer
+/// watched (its watchdog task spawned) and dropped (the task told to end, and run to its end).
+fn h2_watchdog() -> (f64, f64, f64) {
+    use http_body_util::BodyExt;
+    use std::time::Duration;
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("a runtime");
+    let counter = prometheus::IntCounter::new("c", "c").expect("a counter");
+    let policy =
+        || goodput::proxy::stall::Policy { after: Duration::from_secs(60), counter: counter.clone() };
+    let frame = frames()[0].clone();
+    rt.block_on(async {
+        let mut bare = Frames(frame.clone());
+        let mut watched = policy().watch(Frames(frame.clone()));
+        let mut b = Vec::new();
+        let mut w = Vec::new();
+        for _ in 0..RUNS {
+            let t = Instant::now();
+            for _ in 0..CHUNKS {
+                black_box(bare.frame().await);
+            }
+            b.push(t.elapsed().as_nanos() as f64 / CHUNKS as f64);
+            let t = Instant::now();
+            for _ in 0..CHUNKS {
+                black_box(watched.frame().await);
+            }
+            w.push(t.elapsed().as_nanos() as f64 / CHUNKS as f64);
+        }
+        let mut a = Vec::new();
+        for _ in 0..RUNS {
+            let t = Instant::now();
+            for _ in 0..CHUNKS / 10 {
+                drop(black_box(policy().watch(Frames(frame.clone()))));
+                tokio::task::yield_now().await; // the watchdog runs, sees the end, and returns
+            }
+            a.push(t.elapsed().as_nanos() as f64 / (CHUNKS / 10) as f64);
+        }
+        let median = |mut v: Vec<f64>| {
+            v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+            v[v.len() / 2]
+        };
+        (median(b), median(w), median(a))
+    })
 }
 
 /// The request-id step of a metered request's record: the header looked up among an SDK's

@@ -302,10 +302,10 @@ def overview():
             (f"sum by (reason) (rate(goodput_rejected_total[{RI}])) or vector(0)", "refused {{reason}}"),
             (f"sum(rate(goodput_request_body_too_large_total[{RI}]))", "refused: body over limits.max_body_bytes (413)"),
             (f"sum(rate(goodput_records_dropped_total[{RI}]))", "records dropped (missing from every figure)"),
-            (f"sum(rate(goodput_client_send_timeouts_total[{RI}]))", "closed: client took nothing for limits.send_timeout_ms"),
+            (f"sum(rate(goodput_client_send_timeouts_total[{RI}]))", "cut: client took nothing for limits.send_timeout_ms"),
         ],
         "reqps",
-        description="Answered by goodput itself for want of capacity: max_connections, backend_at_capacity (every backend of a route at its max_concurrency), no_endpoint (a pool with no address), out_of_descriptors (goodput's open-file limit) with 503, overloaded (a class that sheds) with 429. A body over limits.max_body_bytes gets 413. Records dropped: requests forwarded but not measured because the recorder fell behind; should stay 0. Closed: connections whose client took none of its answer for limits.send_timeout_ms (a hung client, or one gone without closing); their requests were cancelled upstream.",
+        description="Answered by goodput itself for want of capacity: max_connections, backend_at_capacity (every backend of a route at its max_concurrency), no_endpoint (a pool with no address), out_of_descriptors (goodput's open-file limit) with 503, overloaded (a class that sheds) with 429. A body over limits.max_body_bytes gets 413. Records dropped: requests forwarded but not measured because the recorder fell behind; should stay 0. Cut: answers whose client took none of them for limits.send_timeout_ms (a hung client, one gone without closing, or an h2 stream given no window): the HTTP/1.1 connection closed or the h2 stream reset; their requests were cancelled upstream.",
     )
     b.panel(
         "goodput instances by version",

@@ -485,22 +485,60 @@ async fn firehose(written: Arc<AtomicU64>, cut: Arc<AtomicBool>) -> SocketAddr {
     .await
 }
 
+/// A firehose's count of what it wrote, and whether its request was cut.
+struct Hose {
+    written: Arc<AtomicU64>,
+    cut: Arc<AtomicBool>,
+}
+
+impl Hose {
+    /// Wait (at most 10 s from `since`) for the firehose's request to be cut.
+    async fn until_cut(&self, since: Instant, who: &str) {
+        while !self.cut.load(Ordering::SeqCst) {
+            let written = self.written.load(Ordering::SeqCst);
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "{who}: the upstream request is still held ({written} bytes written)"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        eprintln!("{who}: the upstream request was cut after {:?}", since.elapsed());
+    }
+}
+
+/// The firehose's request is filed as cancelled and counted as one send timeout, and nothing
+/// is left in flight.
+async fn cancelled_by_the_send_timeout(gp: &Goodput) {
+    let records = gp.records(2).await;
+    let rec = records.iter().find(|r| r["route"] == "hose").unwrap();
+    assert_eq!(rec["outcome"], "cancelled", "{rec}");
+    let m = gp.metrics().await;
+    assert_eq!(metric(&m, "goodput_client_send_timeouts_total", &[]), 1.0);
+    assert_eq!(metric(&m, "goodput_in_flight_requests", &[]), 0.0);
+}
+
+/// goodput with `limits.send_timeout_ms: 500` before a simulated backend (route `sim`, 100
+/// tokens 10 ms apart) and a firehose (route `hose`, header `x-fault: hose`).
+async fn send_timeout_proxy() -> (Goodput, Arc<goodput::sim::Sim>, Hose) {
+    let (sim_addr, sim) = spawn_sim(0.0, 10.0, 100).await;
+    let hose = Hose { written: Arc::new(AtomicU64::new(0)), cut: Arc::new(AtomicBool::new(false)) };
+    let hose_addr = firehose(hose.written.clone(), hose.cut.clone()).await;
+    let yaml = format!(
+        "limits: {{send_timeout_ms: 500}}\ntimeouts: {{idle_ms: 60000}}\n\
+         backends:\n  - name: sim\n    url: http://{sim_addr}\n  - name: hose\n    url: http://{hose_addr}\n\
+         routes:\n  - name: hose\n    match: {{headers: {{x-fault: hose}}}}\n    backends: [hose]\n\
+         \x20 - name: sim\n    backends: [sim]\n"
+    );
+    (Goodput::start(&yaml), sim, hose)
+}
+
 /// A client that takes none of its answer (a hung process, a peer gone without a FIN) would
 /// hold its connection, the upstream request and the generation for good: after
 /// `limits.send_timeout_ms` of a blocked write goodput closes the connection, which cancels the
 /// request upstream. A client that keeps reading is not cut, however long its stream lasts.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_takes_nothing_is_closed_at_send_timeout_ms() {
-    let (sim_addr, sim) = spawn_sim(0.0, 10.0, 100).await;
-    let (written, cut) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
-    let hose = firehose(written.clone(), cut.clone()).await;
-    let yaml = format!(
-        "limits: {{send_timeout_ms: 500}}\ntimeouts: {{idle_ms: 60000}}\n\
-         backends:\n  - name: sim\n    url: http://{sim_addr}\n  - name: hose\n    url: http://{hose}\n\
-         routes:\n  - name: hose\n    match: {{headers: {{x-fault: hose}}}}\n    backends: [hose]\n\
-         \x20 - name: sim\n    backends: [sim]\n"
-    );
-    let mut gp = Goodput::start(&yaml);
+    let (mut gp, sim, hose) = send_timeout_proxy().await;
     // A one-second stream, twice the send timeout, to a client that reads as it comes.
     let r = send(gp.proxy, stream_req("sim", 100)).await;
     assert_eq!((r.status.as_u16(), &r.error), (200, &None));
@@ -511,34 +549,69 @@ async fn a_client_that_takes_nothing_is_closed_at_send_timeout_ms() {
     let mut s = TcpStream::connect(gp.proxy).await.unwrap();
     let head = raw_chat(Some("hose"), r#"{"model":"m","stream":true,"messages":[]}"#);
     s.write_all(head.as_bytes()).await.unwrap();
-    let t = Instant::now();
-    while !cut.load(Ordering::SeqCst) {
-        assert!(
-            t.elapsed() < Duration::from_secs(10),
-            "the upstream request is still held for a client that took nothing ({} bytes written)",
-            written.load(Ordering::SeqCst)
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    eprintln!("a client that takes nothing: its upstream request was cut after {:?}", t.elapsed());
+    hose.until_cut(Instant::now(), "a client that takes nothing").await;
     // The connection is closed: what was in flight, then its end (or a reset).
     let mut sink = vec![0u8; 1 << 20];
     let closed = tokio::time::timeout(Duration::from_secs(5), async {
         while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {}
     });
     assert!(closed.await.is_ok(), "the connection stayed open");
-    let records = gp.records(2).await;
-    let rec = records.iter().find(|r| r["route"] == "hose").unwrap();
-    assert_eq!(rec["outcome"], "cancelled", "{rec}");
-    let m = gp.metrics().await;
-    assert_eq!(metric(&m, "goodput_client_send_timeouts_total", &[]), 1.0);
-    assert_eq!(metric(&m, "goodput_in_flight_requests", &[]), 0.0);
+    cancelled_by_the_send_timeout(&gp).await;
     // Both connections' tasks end (the first client's closes when its sender is dropped).
     let t = Instant::now();
     while metric(&gp.metrics().await, "goodput_client_connections", &[]) > 0.0 {
         assert!(t.elapsed() < Duration::from_secs(5), "a client connection was left open");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert_alive(&mut gp);
+}
+
+/// An h2 client whose connection keeps reading but that grants one stream no flow-control window
+/// (an application that stopped taking its answer, behind a live h2 library) blocks no write
+/// on the socket, so the connection's send timeout never fires. That stream alone is ended
+/// after `limits.send_timeout_ms`, which cancels its upstream request; the connection's other
+/// streams go on, before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_the_client_stops_taking_is_ended_at_send_timeout_ms() {
+    let (mut gp, sim, hose) = send_timeout_proxy().await;
+    let io = TokioIo::new(TcpStream::connect(gp.proxy).await.unwrap());
+    let (mut h2, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await.unwrap();
+    tokio::spawn(conn);
+    let req = |route: &str, tokens| {
+        let mut r = stream_req(route, tokens);
+        *r.uri_mut() = format!("http://{}/v1/chat/completions", gp.proxy).parse().unwrap();
+        r
+    };
+    let mut hose_req = req("sim", 1);
+    hose_req.headers_mut().insert("x-fault", "hose".parse().unwrap());
+    // Held, never read: its stream's window closes once the first 64 KiB are in.
+    let held = h2.send_request(hose_req).await.unwrap();
+    assert_eq!(held.status(), 200);
+    let t = Instant::now();
+    // A one-second stream on the same connection, twice the send timeout, read as it comes.
+    let r = read_reply(h2.send_request(req("sim", 100)).await.unwrap(), Instant::now()).await;
+    assert_eq!(r.error, None);
+    assert_eq!(sse_contents(&r.text()).len(), 100, "{}", r.text());
+    assert_eq!(sim.cancelled(), 0);
+    hose.until_cut(t, "an h2 stream the client stopped taking").await;
+    cancelled_by_the_send_timeout(&gp).await;
+    // The connection goes on serving; the held stream, read now, ends in a reset after what
+    // was already on its way.
+    let r = read_reply(h2.send_request(req("sim", 3)).await.unwrap(), Instant::now()).await;
+    assert_eq!((r.status.as_u16(), &r.error), (200, &None));
+    let mut body = held.into_body();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match body.frame().await {
+                Some(Ok(_)) => {}
+                Some(Err(e)) => return Some(e),
+                None => return None,
+            }
+        }
+    });
+    let e = ended.await.expect("the held stream never ended");
+    assert!(e.is_some(), "the held stream ended as if whole");
+    drop(h2);
     assert_alive(&mut gp);
 }
 

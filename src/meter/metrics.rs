@@ -114,7 +114,7 @@ pub struct Metrics {
     pub discovery_refreshes: IntCounterVec,
     /// Client connections open now (limits.max_connections bounds it).
     pub client_connections: prometheus::IntGauge,
-    /// Client connections closed because the client took nothing for limits.send_timeout_ms.
+    /// Answers cut because the client took nothing for limits.send_timeout_ms.
     pub client_send_timeouts: IntCounter,
     /// Requests or connections the proxy refused on a limit, by reason.
     pub rejected: IntCounterVec,
@@ -586,7 +586,7 @@ impl Metrics {
             ),
             client_send_timeouts: single(
                 "goodput_client_send_timeouts_total",
-                "Client connections closed because the client took none of its answer for limits.send_timeout_ms; their requests count as cancelled.",
+                "Answers cut because the client took none of them for limits.send_timeout_ms (an HTTP/1.1 connection closed, an h2 stream reset); their requests count as cancelled.",
             ),
             rejected: counter(
                 &reg,

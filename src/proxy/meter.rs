@@ -8,7 +8,6 @@
 
 use bytes::Bytes;
 use http::{HeaderValue, Response, header};
-use http_body_util::Either;
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use prometheus::IntGauge;
 use std::future::Future;
@@ -18,9 +17,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
+use super::DisplayChain;
 use super::error::BoxError;
 use super::headers;
-use super::{DisplayChain, ProxyBody};
 use crate::config::Config;
 use crate::config::reload::ResolvedBackend;
 use crate::meter::observe::ResponseMeter;
@@ -62,7 +61,7 @@ pub fn response_filter(
     upstream: Upstream,
     cfg: &Config,
     recorder: &Recorder,
-) -> Response<ProxyBody> {
+) -> Response<MeteredBody> {
     let t_headers = Instant::now();
     let (mut parts, body) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers);
@@ -90,7 +89,7 @@ pub fn response_filter(
         upstream.dispatch.report(parts.status.as_u16() < 500);
         let idle = Duration::from_millis(cfg.timeouts.idle_ms);
         let body = MeteredBody::new(body, None, Some(upstream.dispatch), idle, upstream.first_token_by);
-        return Response::from_parts(parts, Either::Left(body));
+        return Response::from_parts(parts, body);
     };
     let status = parts.status.as_u16();
     record.status = status;
@@ -142,7 +141,7 @@ pub fn response_filter(
     });
     let idle = Duration::from_millis(cfg.timeouts.idle_ms);
     let body = MeteredBody::new(body, Some(metering), Some(upstream.dispatch), idle, upstream.first_token_by);
-    Response::from_parts(parts, Either::Left(body))
+    Response::from_parts(parts, body)
 }
 
 /// The upstream fell silent in the middle of an answer whose head had come.

@@ -8,7 +8,8 @@
 //!    backend chosen by the router and a slot of its capacity.
 //! 3. `forward`: the upstream call within its timeouts, and failover while it is safe.
 //! 4. `meter`: the answer's head cleaned and labelled, its body forwarded frame by frame
-//!    while it is metered, and the request's record filed exactly once.
+//!    while it is metered, and the request's record filed exactly once; on h2, `stall`
+//!    ends an answer whose client has granted it no window for `limits.send_timeout_ms`.
 //!
 //! Whatever goes wrong is one `error::Error`, whose kind decides the client's status and
 //! body, the metrics and the record.
@@ -24,6 +25,7 @@ pub mod meter;
 pub mod rewake;
 pub mod route;
 pub mod server;
+pub mod stall;
 
 use bytes::Bytes;
 use http::{Request, Response, header};
@@ -46,8 +48,9 @@ pub use server::serve;
 
 /// The request body as hyper's client sends it upstream.
 pub type UpstreamBody = Either<Full<Bytes>, admit::StreamingBody>;
-/// The response body the client gets: the upstream's, metered, or goodput's own error body.
-pub type ProxyBody = Either<MeteredBody, Full<Bytes>>;
+/// The response body the client gets: the upstream's, metered (on h2 under a watchdog for a
+/// client that stops taking it), or goodput's own error body.
+pub type ProxyBody = Either<Either<MeteredBody, stall::Watched<MeteredBody>>, Full<Bytes>>;
 
 pub struct Proxy {
     pub config: Arc<ConfigHandle>,
@@ -81,6 +84,7 @@ impl Proxy {
         let t0 = Instant::now();
         let snap = self.config.load_full();
         let cfg = &snap.config;
+        let h2 = req.version() == http::Version::HTTP_2;
 
         // 1. Admit.
         let admitted = match admit::request_filter(req, client, cfg, &self.metrics).await {
@@ -118,7 +122,8 @@ impl Proxy {
         };
         self.ready.store(true, Ordering::Relaxed);
 
-        // 4. Meter the answer on its way to the client.
+        // 4. Meter the answer on its way to the client. An h2 stream the client stops taking
+        //    blocks no socket write (the send timeout's cue), so it gets a watchdog.
         let upstream = Upstream {
             backend: peer.backend,
             reason: peer.reason,
@@ -126,7 +131,15 @@ impl Proxy {
             dispatch: peer.dispatch,
             first_token_by,
         };
-        meter::response_filter(resp, metered, upstream, cfg, &self.recorder)
+        let resp = meter::response_filter(resp, metered, upstream, cfg, &self.recorder);
+        resp.map(|body| match h2 {
+            false => Either::Left(Either::Left(body)),
+            true => {
+                let after = Duration::from_millis(cfg.limits.send_timeout_ms);
+                let policy = stall::Policy { after, counter: self.metrics.client_send_timeouts.clone() };
+                Either::Left(Either::Right(policy.watch(body)))
+            }
+        })
     }
 
     /// The answer to a request goodput refused or could not forward; a metered request's record
