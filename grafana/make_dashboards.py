@@ -289,12 +289,14 @@ def overview():
         },
     )
     b.panel(
-        "Requests in flight and client connections",
+        "Requests in flight, client connections and tasks alive",
         [
             ('sum by (backend) (goodput_in_flight_requests{backend=~"$backend"})', "{{backend}}"),
             ("sum(goodput_client_connections)", "client connections (limits.max_connections)"),
+            ("sum(goodput_runtime_alive_tasks)", "tokio tasks alive"),
         ],
         "short",
+        description="Tasks alive: one per client connection, one per upstream connection, one per h2 answer (its send watchdog) and a few background loops. Tasks that keep growing while connections and requests in flight stay flat are a leak.",
     )
     b.panel(
         "Refused by goodput, and records dropped (/s)",
@@ -333,6 +335,12 @@ def overview():
 def quality():
     b = Board("goodput-quality", "goodput / Quality", "Perplexity and consistency of the scored sample, scorer health, quality-weighted goodput.")
     b.panel("Perplexity of scored responses", quantiles("goodput_response_perplexity")[:2], "short")
+    b.panel(
+        "Bits per byte of scored responses",
+        quantiles("goodput_response_bits_per_byte")[:2],
+        "short",
+        description="The reference model's surprise per UTF-8 byte of the response (-sum log p / bytes / ln 2). Unlike perplexity it does not depend on how a tokenizer splits the text, so backends whose models tokenize differently compare on it; quality drift is detected on it.",
+    )
     b.panel(
         "Perplexity distribution",
         [(f"sum by (le) (rate(goodput_response_perplexity_bucket{{{SEL}}}[{RI}]))", "{{le}}")],
