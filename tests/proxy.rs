@@ -910,3 +910,78 @@ async fn the_default_pool_idle_never_reuses_a_connection_past_the_servers_keep_a
     let m = long.metrics().await;
     assert_eq!(metric(&m, "goodput_upstream_errors_total", &[("backend", "up"), ("kind", "protocol")]), 1.0);
 }
+
+/// `GET /v1/models` on a route with several backends lists every backend's models once, in
+/// the config's order of backends, each entry as its backend sent it; a backend that is down or answers
+/// with no list is left out, the one that is down counted as its upstream error. On a route
+/// with one backend the list is forwarded as any other path. When no backend lists, the client
+/// gets the first backend's answer: its 401, or goodput's 502 for one that is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_list_is_every_backends_once() {
+    const LOCKED: &str = r#"{"error":{"message":"a key is needed","type":"invalid_request_error"}}"#;
+    let locked = raw_upstream(|mut s| async move {
+        use tokio::io::AsyncWriteExt;
+        while read_request(&mut s).await {
+            let head = format!(
+                "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                LOCKED.len()
+            );
+            let _ = s.write_all(format!("{head}{LOCKED}").as_bytes()).await;
+        }
+    })
+    .await;
+    // Closed when the listener drops: nothing listens there.
+    let closed = || std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (down, gone) = (closed(), closed());
+    let yaml = format!(
+        "routing: {{response_headers: true}}\n\
+         backends:\n\
+         \x20 - {{name: a, models: [llama], sim: {{model: llama}}}}\n\
+         \x20 - {{name: b, models: [qwen], sim: {{model: qwen}}}}\n\
+         \x20 - {{name: a2, models: [llama], sim: {{model: llama}}}}\n\
+         \x20 - {{name: locked, url: \"http://{locked}\"}}\n\
+         \x20 - {{name: down, url: \"http://{down}\"}}\n\
+         \x20 - {{name: gone, url: \"http://{gone}\"}}\n\
+         routes:\n\
+         \x20 - {{name: one, match: {{headers: {{x-only: b}}}}, backends: [b]}}\n\
+         \x20 - {{name: locked-first, match: {{headers: {{x-only: locked}}}}, backends: [locked, down]}}\n\
+         \x20 - {{name: all-down, match: {{headers: {{x-only: down}}}}, backends: [down, gone]}}\n"
+    );
+    let gp = Goodput::start(&yaml);
+    let get = |only: Option<&str>| {
+        let mut r = Request::get("/v1/models");
+        if let Some(o) = only {
+            r = r.header("x-only", o);
+        }
+        r.body(Full::new(Bytes::new())).unwrap()
+    };
+    let ids = |r: &Reply| -> Vec<String> {
+        r.json()["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect()
+    };
+
+    // The default route: every backend.
+    let r = send(gp.proxy, get(None)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.headers["content-type"], "application/json");
+    assert_eq!(r.json()["object"], "list");
+    assert_eq!(ids(&r), ["llama", "qwen"], "{}", r.text());
+    assert_eq!(r.json()["data"][1]["owned_by"], "goodput-sim", "entries as the backend sent them");
+    assert_eq!(r.headers["x-goodput-backend"], "a,b,a2", "the backends whose lists were merged");
+    let m = gp.metrics().await;
+    let connect = metric(&m, "goodput_upstream_errors_total", &[("backend", "down"), ("kind", "connect")]);
+    assert_eq!(connect, 1.0);
+    assert_eq!(metric(&m, "goodput_upstream_errors_total", &[("backend", "locked")]), 0.0);
+
+    // One backend: forwarded, routed as any request is.
+    let r = send(gp.proxy, get(Some("b"))).await;
+    assert_eq!((r.status.as_u16(), ids(&r)), (200, vec!["qwen".to_string()]));
+    assert_eq!(r.headers["x-goodput-backend"], "b");
+    assert!(r.headers.contains_key("x-goodput-reason"), "a forwarded answer: {:?}", r.headers);
+
+    // No backend lists: the first one's answer.
+    let r = send(gp.proxy, get(Some("locked"))).await;
+    assert_eq!((r.status.as_u16(), r.text()), (401, LOCKED.to_string()));
+    let r = send(gp.proxy, get(Some("down"))).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "connect");
+}

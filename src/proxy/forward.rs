@@ -112,7 +112,7 @@ pub async fn forward(
 }
 
 /// The upstream's answer, or why there is none.
-fn answer(
+pub(super) fn answer(
     sent: Result<Result<Response<Incoming>, hyper_util::client::legacy::Error>, tokio::time::error::Elapsed>,
     timeouts: &crate::config::Timeouts,
 ) -> Result<Response<Incoming>, Error> {
@@ -137,7 +137,7 @@ fn answer(
 /// The request as it goes to `backend`: its URI built from the backend's parts and the
 /// client's path, the endpoint's `Host`, the backend's configured headers (which may replace
 /// it), and the body (with the backend's model name on a route that rewrites it).
-fn upstream_request(
+pub(super) fn upstream_request(
     parts: &Parts,
     mut headers: HeaderMap,
     body: ClientBody,

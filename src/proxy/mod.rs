@@ -6,7 +6,8 @@
 //!    metered paths (chat, completions) read it whole, skim its JSON and may ask for usage.
 //! 2. `route`: the request's route and SLA class, its record and sampling; per attempt a
 //!    backend chosen by the router and a slot of its capacity.
-//! 3. `forward`: the upstream call within its timeouts, and failover while it is safe.
+//! 3. `forward`: the upstream call within its timeouts, and failover while it is safe. (A
+//!    model list on a route with several backends is `models`': every backend's, merged.)
 //! 4. `meter`: the answer's head cleaned and labelled, its body forwarded frame by frame
 //!    while it is metered, and the request's record filed exactly once; on h2, `stall`
 //!    ends an answer whose client has granted it no window for `limits.send_timeout_ms`.
@@ -22,6 +23,7 @@ pub mod error;
 pub mod forward;
 pub mod headers;
 pub mod meter;
+pub mod models;
 pub mod rewake;
 pub mod route;
 pub mod server;
@@ -105,6 +107,11 @@ impl Proxy {
             let at = route::Start { t0, client_time: admitted.client_time, id, sampling: self.sampling };
             route::start_record(m, route, slo_headers, &parts.headers, cfg, at)
         });
+
+        // A model list is every backend's, not the one the router would pick.
+        if models::merges(&admitted.parts, &admitted.body, route) {
+            return models::list(&self, &snap, route, admitted.parts).await;
+        }
 
         // 3. Forward, choosing a backend per attempt.
         let out = forward::Outbound {
