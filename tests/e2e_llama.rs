@@ -168,3 +168,43 @@ async fn consistency_resamples_fall_back_to_separate_requests_where_n_is_ignored
     assert_eq!((shadow("samples_n"), shadow("sample")), (1.0, 2.0 + 3.0), "{m}");
     assert!(gp.log().contains("answered 1 of 3 choices"), "{}", gp.log());
 }
+
+/// vLLM and llama.cpp's server behind one goodput: the openai SDK's `models.list()` through
+/// goodput gets both servers' models, vLLM's first (the config's order), each entry as the
+/// server itself lists it (apart from what each stamps per request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sdks_model_list_names_both_servers_models() {
+    let llm = llm_env();
+    let llama = start_llama(&llm).await;
+    let (_one, vllm) = crate::common::vllm::vllm().await;
+    let gp = Goodput::start(&format!(
+        "backends:\n  - name: vllm\n    url: {}\n  - name: llama\n    url: http://127.0.0.1:{}\n",
+        vllm.url, llama.port
+    ));
+    let list = |base: String| {
+        let python = llm.venv.join("bin/python");
+        tokio::task::spawn_blocking(move || {
+            let script = "import json, sys, openai\n\
+                          c = openai.OpenAI(base_url=sys.argv[1], api_key='none')\n\
+                          print(json.dumps([m.model_dump() for m in c.models.list()]))";
+            let out = Command::new(python).args(["-c", script, &base]).output().unwrap();
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            let mut v: Vec<Value> = serde_json::from_slice(&out.stdout).unwrap();
+            // Stamped per request: `created`, and vLLM's permission entries' ids.
+            for m in &mut v {
+                m.as_object_mut().unwrap().remove("created");
+                for p in m.get_mut("permission").and_then(Value::as_array_mut).into_iter().flatten() {
+                    p.as_object_mut().unwrap().retain(|k, _| k != "id" && k != "created");
+                }
+            }
+            v
+        })
+    };
+    let from_vllm = list(format!("{}/v1", vllm.url)).await.unwrap();
+    let from_llama = list(format!("http://127.0.0.1:{}/v1", llama.port)).await.unwrap();
+    let through = list(format!("http://{}/v1", gp.proxy)).await.unwrap();
+    assert_eq!(from_vllm[0]["id"], "smollm2", "{from_vllm:?}");
+    assert!(!from_llama.is_empty() && from_llama[0]["id"] != "smollm2", "{from_llama:?}");
+    let both: Vec<Value> = from_vllm.into_iter().chain(from_llama).collect();
+    assert_eq!(through, both);
+}
