@@ -59,10 +59,16 @@ async fn limits_answer_503_with_retry_after_and_431() {
     let io = hyper_util::rt::TokioIo::new(TcpStream::connect(gp.proxy).await.unwrap());
     let (mut h2, conn) =
         hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), io).await.unwrap();
-    tokio::spawn(conn);
+    let conn = tokio::spawn(conn);
     let req = Request::get(format!("http://{}/v1/models", gp.proxy)).body(Full::<Bytes>::default()).unwrap();
     let r = h2.send_request(req).await.expect("an h2 answer");
     assert_eq!(r.status(), 503);
+    // Then a GOAWAY and a clean close: not a connection the client sees break (which it did
+    // at 500 ms, a broken pipe, before goodput sent one).
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn)
+        .await
+        .expect("the refused h2 connection stayed open");
+    assert!(ended.unwrap().is_ok(), "the refused h2 connection was not closed with a GOAWAY");
     assert_eq!(r.headers()["retry-after"], "2");
     let body = http_body_util::BodyExt::collect(r.into_body()).await.unwrap().to_bytes();
     assert!(String::from_utf8_lossy(&body).contains(r#""code":"max_connections""#), "{body:?}");

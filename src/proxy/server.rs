@@ -138,8 +138,10 @@ impl Drop for ConnSlot {
 
 /// Answer a connection over limits.max_connections with 503 + Retry-After. hyper answers it, in
 /// the connection's own protocol (an h2 client gets the 503 on its stream), and closes it after
-/// the answer; a client that sends no request within REFUSE_FOR is closed without one. At most
-/// MAX_REFUSING connections are answered at once; past that a connection is simply closed.
+/// the answer: HTTP/1.1 without keep-alive, h2 with a GOAWAY, so that the client knows the
+/// close is deliberate and sends nothing more on it. A client that sends no request within
+/// REFUSE_FOR is closed without one. At most MAX_REFUSING connections are answered at once;
+/// past that a connection is simply closed.
 fn refuse(stream: tokio::net::TcpStream, retry_after: u64, refusing: &Arc<AtomicUsize>) {
     const MAX_REFUSING: usize = 64;
     const REFUSE_FOR: Duration = Duration::from_millis(500);
@@ -148,22 +150,37 @@ fn refuse(stream: tokio::net::TcpStream, retry_after: u64, refusing: &Arc<Atomic
         return;
     }
     let refusing = refusing.clone();
-    let svc = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
-        let mut r = super::error_response(
-            http::StatusCode::SERVICE_UNAVAILABLE,
-            "overloaded_error",
-            "max_connections",
-            "goodput is at limits.max_connections; retry later",
-        );
-        r.headers_mut().insert(http::header::RETRY_AFTER, retry_after.into());
-        Ok::<_, Infallible>(r)
+    let answered = Arc::new(tokio::sync::Notify::new());
+    let told = answered.clone();
+    let svc = hyper::service::service_fn(move |_req: Request<Incoming>| {
+        told.notify_one();
+        async move {
+            let mut r = super::error_response(
+                http::StatusCode::SERVICE_UNAVAILABLE,
+                "overloaded_error",
+                "max_connections",
+                "goodput is at limits.max_connections; retry later",
+            );
+            r.headers_mut().insert(http::header::RETRY_AFTER, retry_after.into());
+            Ok::<_, Infallible>(r)
+        }
     });
     tokio::spawn(async move {
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
         builder.http1().keep_alive(false);
         builder.http2().max_concurrent_streams(4);
         let conn = builder.serve_connection(TokioIo::new(stream), svc);
-        let _ = tokio::time::timeout(REFUSE_FOR, conn).await;
+        tokio::pin!(conn);
+        let until = tokio::time::Instant::now() + REFUSE_FOR;
+        tokio::select! {
+            _ = conn.as_mut() => {}
+            _ = tokio::time::sleep_until(until) => {}
+            _ = answered.notified() => {
+                // The answers already asked for still go out.
+                conn.as_mut().graceful_shutdown();
+                let _ = tokio::time::timeout_at(until, conn).await;
+            }
+        }
         refusing.fetch_sub(1, Ordering::Relaxed);
     });
 }
