@@ -202,10 +202,13 @@ def overview():
     # goodput per backend), so that a breach shows its cause on the same row.
     b.panel(
         "SLO attainment",
-        [(f"sum by (backend) (rate(goodput_slo_met_requests_total{{{SEL}}}[{RI}])) / sum by (backend) (rate(goodput_slo_judged_requests_total{{{SEL}}}[{RI}]))", "{{backend}}")],
+        [
+            (f"sum by (backend) (rate(goodput_slo_met_requests_total{{{SEL}}}[{RI}])) / sum by (backend) (rate(goodput_slo_judged_requests_total{{{SEL}}}[{RI}]))", "requests {{backend}}"),
+            (f"sum by (backend) (rate(goodput_slo_met_output_tokens_total{{{SEL}}}[{RI}])) / sum by (backend) (rate(goodput_slo_judged_output_tokens_total{{{SEL}}}[{RI}]))", "output tokens {{backend}}"),
+        ],
         "percentunit",
         w=8,
-        description="Share of judged requests (all but client cancellations and the client's own 4xx errors other than 429) that met every SLO.",
+        description="Share of judged requests (all but client cancellations and the client's own 4xx errors other than 429) that met every SLO, and the share of their output tokens: below the requests' line, the misses are the long answers (TPOT or end-to-end), above it the short ones.",
     )
     b.panel(
         "Server queue and batch (vLLM)",
@@ -500,14 +503,22 @@ def routing():
         "short",
     )
     b.panel(
-        "Goodput per class (latency and quality-weighted)",
-        [('goodput_window_goodput_tokens_per_second{scope="class"}', "{{name}} {{weighting}}")],
+        "Throughput and goodput per class (latency and quality-weighted)",
+        [
+            ('goodput_window_output_tokens_per_second{scope="class"}', "{{name}} throughput"),
+            ('goodput_window_goodput_tokens_per_second{scope="class"}', "{{name}} goodput {{weighting}}"),
+        ],
         "short",
+        description="Output tokens/s over the router's window (metrics.window_secs), and the part of them that met the class's latency SLOs (latency) times the quality pass rate (quality, with its 95% interval): the figures the router compares.",
     )
     b.panel(
-        "Goodput per backend (latency and quality-weighted)",
-        [('goodput_window_goodput_tokens_per_second{scope="backend",name=~"$backend"}', "{{name}} {{weighting}}")],
+        "Throughput and goodput per backend (latency and quality-weighted)",
+        [
+            ('goodput_window_output_tokens_per_second{scope="backend",name=~"$backend"}', "{{name}} throughput"),
+            ('goodput_window_goodput_tokens_per_second{scope="backend",name=~"$backend"}', "{{name}} goodput {{weighting}}"),
+        ],
         "short",
+        description="Output tokens/s over the router's window (metrics.window_secs), and the part of them that met the class's latency SLOs (latency) times the quality pass rate (quality, with its 95% interval): the figures the router compares.",
     )
     b.panel(
         "Pool: queue per endpoint (vLLM's waiting + running)",
