@@ -250,7 +250,8 @@ pub struct Limits {
     pub header_read_timeout_ms: u64,
     /// A client that takes none of its answer for this long has its connection closed (nginx's
     /// `send_timeout`): a stuck client would otherwise hold its connection, the upstream
-    /// request and the generation without end. For connections accepted after a reload.
+    /// request and the generation without end; over h2 a stream the client grants no window
+    /// is reset. For connections accepted, and h2 answers begun, after a reload.
     pub send_timeout_ms: u64,
     /// Retry-After (seconds) on the 503s that limits answer.
     pub retry_after_secs: u64,
