@@ -425,20 +425,19 @@ def quality():
         "short",
         description="On a GPU one model call scores what waits in the queue, up to perplexity.max_batch; near 1 with a full queue means the scorer cannot batch.",
     )
-    # Endpoint series carry no backend label (their name is the endpoint), so they are shown
-    # whatever $backend selects.
+    # Every drift series names its backend (an endpoint's is its pool).
     def drift(metric):
-        return f'{metric}{{scope="backend",name=~"$backend"}} or {metric}{{scope="endpoint"}}'
+        return f'{metric}{{backend=~"$backend"}}'
 
     b.panel(
         "Quality drift against the reference (95% interval)",
-        [(drift("goodput_quality_drift"), "{{scope}} {{name}} {{signal}} {{bound}}")],
+        [(drift("goodput_quality_drift"), "{{backend}} {{scope}} {{name}} {{signal}} {{bound}}")],
         "short",
         description="Mean score over the quality window less the reference's (its peers serving the same model, else its own baseline): bits per byte, or the first consistency method's score. Positive is worse. Absent until both sides have quality.drift.min_samples scores.",
     )
     b.panel(
         "Confident quality drift (drains a pool endpoint; alert after 15 min)",
-        [(f"max by (scope, name, signal) ({drift('goodput_quality_drift_confident')})", "{{scope}} {{name}} {{signal}}")],
+        [(f"max by (scope, name, backend, signal) ({drift('goodput_quality_drift_confident')})", "{{backend}} {{scope}} {{name}} {{signal}}")],
         "short",
         description="1 while the drift's lower bound is above quality.drift.min_effect_*: a pool endpoint with it in a drain_on signal is drained, and GoodputQualityDrift fires when it holds for 15 minutes.",
     )

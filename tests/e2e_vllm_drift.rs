@@ -165,7 +165,12 @@ async fn a_degraded_replica_is_detected_alerted_and_drained_and_a_healthy_pair_i
         }
         let m = gp.metrics().await;
         for e in [&ea, &eb] {
-            let labels = [("scope", "endpoint"), ("name", e.as_str()), ("signal", "bits_per_byte")];
+            let labels = [
+                ("scope", "endpoint"),
+                ("name", e.as_str()),
+                ("backend", "pool"),
+                ("signal", "bits_per_byte"),
+            ];
             assert_eq!(metric(&m, "goodput_quality_drift_confident", &labels), 0.0, "{m}");
             assert_eq!(decided(&m, e, "quality_degraded") + decided(&m, e, "quality_probe"), 0.0, "{m}");
         }

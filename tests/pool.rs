@@ -637,7 +637,7 @@ async fn quality_is_measured_per_endpoint() {
             metric(
                 &m,
                 "goodput_quality_drift_confident",
-                &[("scope", "endpoint"), ("name", e), ("signal", "consistency")],
+                &[("scope", "endpoint"), ("name", e), ("backend", "pool"), ("signal", "consistency")],
             )
         };
         assert_eq!((confident(&p), confident(&g)), (1.0, 0.0), "{m}");

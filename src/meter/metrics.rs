@@ -434,14 +434,14 @@ impl Metrics {
             quality_drift: gauge(
                 &reg,
                 "goodput_quality_drift",
-                "A backend's or pool endpoint's mean quality score over the quality window less its reference's (its peers serving the same model, else its own baseline), by scope (backend, endpoint), name, signal (bits_per_byte, consistency) and bound (estimate, lower, upper: the 95% interval). Positive is worse. Absent while either side has fewer than quality.drift.min_samples scores.",
-                &["scope", "name", "signal", "bound"],
+                "A backend's or pool endpoint's mean quality score over the quality window less its reference's (its peers serving the same model, else its own baseline), by scope (backend, endpoint), name, backend (the backend itself, or the endpoint's pool), signal (bits_per_byte, consistency) and bound (estimate, lower, upper: the 95% interval). Positive is worse. Absent while either side has fewer than quality.drift.min_samples scores.",
+                &["scope", "name", "backend", "signal", "bound"],
             ),
             quality_drift_confident: gauge(
                 &reg,
                 "goodput_quality_drift_confident",
                 "1 when goodput_quality_drift's lower bound is above the signal's quality.drift.min_effect_*: worse than the reference, and not by noise.",
-                &["scope", "name", "signal"],
+                &["scope", "name", "backend", "signal"],
             ),
             consistency_threshold: gauge(
                 &reg,

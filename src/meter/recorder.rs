@@ -275,7 +275,7 @@ struct Thread {
     exported: Vec<(Arc<str>, Arc<str>)>,
     calibrator: Calibrator,
     thresholds: Vec<[String; 3]>,
-    drift_exported: Vec<[String; 3]>,
+    drift_exported: Vec<[String; 4]>,
 }
 
 /// A backend's or a class's windows, made on its first record (the only one that allocates its
@@ -630,28 +630,33 @@ fn drift_view(
 
 /// The drift as gauges; label sets that no longer have a drift are removed. Returns what is
 /// exported now.
-fn export_drift(m: &Metrics, view: &DriftView, before: Vec<[String; 3]>) -> Vec<[String; 3]> {
+/// Each series names its backend (an endpoint's is its pool), so that drift can be filtered and
+/// alerts routed by backend.
+fn export_drift(m: &Metrics, view: &DriftView, before: Vec<[String; 4]>) -> Vec<[String; 4]> {
     let mut now = Vec::new();
-    let eps = view.endpoints.values().flat_map(|e| e.iter());
-    for (scope, (name, drifts)) in
-        view.backends.iter().map(|x| ("backend", x)).chain(eps.map(|x| ("endpoint", x)))
-    {
+    let backends = view.backends.iter().map(|(name, d)| ("backend", name, name, d));
+    let eps = view
+        .endpoints
+        .iter()
+        .flat_map(|(pool, e)| e.iter().map(move |(name, d)| ("endpoint", name, pool, d)));
+    for (scope, name, backend, drifts) in backends.chain(eps) {
         for d in drifts {
             let signal = d.signal.as_str();
             for (bound, v) in [("estimate", d.estimate), ("lower", d.lower), ("upper", d.upper)] {
-                m.quality_drift.with_label_values(&[scope, name, signal, bound]).set(v);
+                m.quality_drift.with_label_values(&[scope, name, backend, signal, bound]).set(v);
             }
             m.quality_drift_confident
-                .with_label_values(&[scope, name, signal])
+                .with_label_values(&[scope, name, backend, signal])
                 .set(f64::from(u8::from(d.confident)));
-            now.push([scope.to_string(), name.clone(), signal.to_string()]);
+            now.push([scope.to_string(), name.clone(), backend.clone(), signal.to_string()]);
         }
     }
     for gone in before.iter().filter(|x| !now.contains(x)) {
+        let [scope, name, backend, signal] = gone;
         for bound in ["estimate", "lower", "upper"] {
-            let _ = m.quality_drift.remove_label_values(&[&gone[0], &gone[1], &gone[2], bound]);
+            let _ = m.quality_drift.remove_label_values(&[scope, name, backend, signal, bound]);
         }
-        let _ = m.quality_drift_confident.remove_label_values(&[&gone[0], &gone[1], &gone[2]]);
+        let _ = m.quality_drift_confident.remove_label_values(&[scope, name, backend, signal]);
     }
     now
 }
