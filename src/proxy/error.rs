@@ -39,6 +39,8 @@ pub enum Kind {
     UpstreamConnectTimeout,
     /// No response head within `timeouts.first_byte_ms`.
     UpstreamFirstByteTimeout,
+    /// A body goodput reads whole (a model list) fell silent for `timeouts.idle_ms`.
+    UpstreamIdleTimeout,
     /// The connection broke, or the upstream spoke broken HTTP, before a response head.
     UpstreamProtocol,
     /// `101 Switching Protocols` to a request that asked for no upgrade (goodput strips them).
@@ -61,6 +63,7 @@ impl Kind {
             Kind::UpstreamConnect => "connect",
             Kind::UpstreamConnectTimeout => "timeout_connect",
             Kind::UpstreamFirstByteTimeout => "timeout_first_byte",
+            Kind::UpstreamIdleTimeout => "timeout_idle",
             Kind::UpstreamProtocol => "protocol",
             Kind::UpstreamUpgrade => "unexpected_upgrade",
         }
@@ -73,7 +76,9 @@ impl Kind {
             Kind::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Kind::AtCapacity | Kind::NoEndpoint | Kind::OutOfDescriptors => StatusCode::SERVICE_UNAVAILABLE,
             Kind::Shed => StatusCode::TOO_MANY_REQUESTS,
-            Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => StatusCode::GATEWAY_TIMEOUT,
+            Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout | Kind::UpstreamIdleTimeout => {
+                StatusCode::GATEWAY_TIMEOUT
+            }
             Kind::UpstreamConnect | Kind::UpstreamProtocol | Kind::UpstreamUpgrade => StatusCode::BAD_GATEWAY,
         }
     }
@@ -85,7 +90,9 @@ impl Kind {
                 "invalid_request_error"
             }
             Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint | Kind::OutOfDescriptors => "overloaded_error",
-            Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => "upstream_timeout",
+            Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout | Kind::UpstreamIdleTimeout => {
+                "upstream_timeout"
+            }
             Kind::UpstreamConnect | Kind::UpstreamProtocol | Kind::UpstreamUpgrade => "upstream_error",
         }
     }
@@ -98,7 +105,9 @@ impl Kind {
             }
             Kind::AtCapacity | Kind::Shed | Kind::NoEndpoint | Kind::OutOfDescriptors => Outcome::Rejected,
             Kind::UpstreamConnect => Outcome::ConnectError,
-            Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout => Outcome::Timeout,
+            Kind::UpstreamConnectTimeout | Kind::UpstreamFirstByteTimeout | Kind::UpstreamIdleTimeout => {
+                Outcome::Timeout
+            }
             Kind::UpstreamProtocol | Kind::UpstreamUpgrade => Outcome::UpstreamReset,
         }
     }
@@ -110,6 +119,7 @@ impl Kind {
             Kind::UpstreamConnect
                 | Kind::UpstreamConnectTimeout
                 | Kind::UpstreamFirstByteTimeout
+                | Kind::UpstreamIdleTimeout
                 | Kind::UpstreamProtocol
                 | Kind::UpstreamUpgrade
         )
@@ -335,6 +345,7 @@ mod tests {
             (Kind::UpstreamConnect, 502, true),
             (Kind::UpstreamConnectTimeout, 504, true),
             (Kind::UpstreamFirstByteTimeout, 504, true),
+            (Kind::UpstreamIdleTimeout, 504, true),
             (Kind::UpstreamProtocol, 502, true),
             (Kind::UpstreamUpgrade, 502, true),
         ] {

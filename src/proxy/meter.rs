@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use tokio::time::Sleep;
 
 use super::DisplayChain;
-use super::error::BoxError;
+use super::error::{BoxError, Kind};
 use super::headers;
 use crate::config::Config;
 use crate::config::reload::ResolvedBackend;
@@ -236,7 +236,7 @@ impl MeteredBody {
     fn fell_silent(&mut self) -> BoxError {
         self.ended = true;
         let first = self.first_token_by.is_some();
-        let kind = if first { "timeout_first_byte" } else { "timeout_idle" };
+        let kind = if first { Kind::UpstreamFirstByteTimeout } else { Kind::UpstreamIdleTimeout }.code();
         if let Some(m) = &self.metering {
             m.upstream_errors.with_label_values(&[&m.record.backend, kind]).inc();
         }

@@ -145,11 +145,8 @@ async fn ask(
         }
         Err(_) => {
             return Listed::Failed(
-                Error::new(
-                    Kind::UpstreamFirstByteTimeout,
-                    "the model list did not come within timeouts.idle_ms",
-                )
-                .sent(true),
+                Error::new(Kind::UpstreamIdleTimeout, "the model list did not come within timeouts.idle_ms")
+                    .sent(true),
             );
         }
     };
