@@ -13,7 +13,7 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderValue, Method, Response, StatusCode, header};
 use http_body_util::{BodyExt, Either, Full, Limited};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -195,22 +195,23 @@ fn merged(lists: Vec<Vec<Box<RawValue>>>) -> Bytes {
     struct Entry {
         id: Option<String>,
     }
-    let mut seen = HashSet::new();
-    let mut out = String::from(r#"{"object":"list","data":["#);
-    let mut first = true;
-    for entry in lists.into_iter().flatten() {
-        let id = serde_json::from_str::<Entry>(entry.get()).ok().and_then(|e| e.id);
-        if id.is_some_and(|id| !seen.insert(id)) {
-            continue;
-        }
-        if !first {
-            out.push(',');
-        }
-        first = false;
-        out.push_str(entry.get());
+    #[derive(Serialize)]
+    struct List<'a> {
+        object: &'static str,
+        data: Vec<&'a RawValue>,
     }
-    out.push_str("]}");
-    Bytes::from(out)
+    let mut seen = HashSet::new();
+    let data = lists
+        .iter()
+        .flatten()
+        .filter(|entry| {
+            let id = serde_json::from_str::<Entry>(entry.get()).ok().and_then(|e| e.id);
+            id.is_none_or(|id| seen.insert(id))
+        })
+        .map(|entry| &**entry)
+        .collect();
+    let list = serde_json::to_vec(&List { object: "list", data }).expect("raw JSON values serialise");
+    Bytes::from(list)
 }
 
 #[cfg(test)]
